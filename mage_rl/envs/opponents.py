@@ -1,0 +1,281 @@
+"""Opponents, the opponent registry, and weighted populations.
+
+An opponent is a fixed strategy for the other seat of a game. Every opponent is named
+by a *spec string* of the form ``GAME:NAME[:ARG...]`` usable in YAML configs, for
+example ``kuhn:aggressive``, ``kuhn:cfr``, ``ttt:mcts:100``,
+``ttt:pattern:corners_first`` or ``ttt:random``.
+
+Users register their own: any callable ``fn(state, player)`` (or
+``fn(state, player, rng)`` for a randomised one) that returns a legal OpenSpiel action
+id becomes an opponent::
+
+    from mage_rl.envs import register_opponent
+
+    def always_bet(state, player):
+        return 1  # Kuhn Poker: 0 = PASS, 1 = BET
+
+    register_opponent("kuhn", "always_bet", always_bet)
+    # now "kuhn:always_bet" works in populations and configs
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GAME_ALIASES: dict[str, str] = {
+    "kuhn": "kuhn_poker",
+    "kuhn_poker": "kuhn_poker",
+    "ttt": "tic_tac_toe",
+    "tic_tac_toe": "tic_tac_toe",
+    "tictactoe": "tic_tac_toe",
+}
+
+
+def canonical_game(name: str) -> str:
+    """Map a game alias (``kuhn``, ``ttt``) to its OpenSpiel name."""
+    try:
+        return GAME_ALIASES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown game {name!r}; valid: {', '.join(sorted(GAME_ALIASES))}"
+        ) from None
+
+
+class Opponent(ABC):
+    """A fixed strategy for one seat.
+
+    Attributes:
+        spec: The spec string this opponent was made from; it is the opponent id used
+            in group and anchor keys.
+    """
+
+    spec: str = ""
+
+    def reset(self, seed: int) -> None:  # noqa: B027 - deterministic opponents need nothing
+        """Seed the opponent's own randomness for a new episode."""
+
+    @abstractmethod
+    def act(self, state: Any, player: int) -> int:
+        """Choose a legal action id for ``player`` in the OpenSpiel ``state``."""
+
+
+class CallableOpponent(Opponent):
+    """Wraps a user function ``fn(state, player[, rng])`` as an opponent."""
+
+    def __init__(self, fn: Callable[..., int], spec: str) -> None:
+        self.fn = fn
+        self.spec = spec
+        params = inspect.signature(fn).parameters
+        self._wants_rng = len(params) >= 3
+        self._rng = np.random.default_rng(0)
+
+    def reset(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, state: Any, player: int) -> int:
+        action = self.fn(state, player, self._rng) if self._wants_rng else self.fn(state, player)
+        action = int(action)
+        if action not in state.legal_actions(player):
+            raise ValueError(
+                f"opponent {self.spec!r} chose action {action}, which is not legal "
+                f"(legal: {state.legal_actions(player)})"
+            )
+        return action
+
+
+OpponentFactory = Callable[[Sequence[str]], Opponent]
+_REGISTRY: dict[str, dict[str, tuple[OpponentFactory, str]]] = {}
+
+
+def register_opponent_factory(
+    game: str, name: str, factory: OpponentFactory, usage: str = ""
+) -> None:
+    """Register a factory that builds an opponent from the spec's extra arguments.
+
+    Args:
+        game: Game name or alias.
+        name: Opponent name (the part after ``game:``).
+        factory: Called with the remaining spec parts (``["100"]`` for ``ttt:mcts:100``).
+        usage: How the spec is written, for error messages (defaults to ``game:name``).
+    """
+    game = canonical_game(game)
+    _REGISTRY.setdefault(game, {})[name] = (factory, usage or f"{game}:{name}")
+
+
+def register_opponent(game: str, name: str, fn: Callable[..., int]) -> None:
+    """Register a user strategy ``fn(state, player[, rng]) -> action id`` under a name.
+
+    The opponent is then available as ``"{game}:{name}"`` everywhere a spec is taken.
+    """
+    game_name = canonical_game(game)
+
+    def factory(args: Sequence[str]) -> Opponent:
+        if args:
+            raise ValueError(f"opponent {game}:{name} takes no arguments, got {list(args)}")
+        return CallableOpponent(fn, f"{game_name}:{name}")
+
+    register_opponent_factory(game_name, name, factory)
+
+
+def available_opponents(game: str | None = None) -> list[str]:
+    """Usage strings of every registered opponent (of one game, or of all)."""
+    _ensure_builtins()
+    games = [canonical_game(game)] if game else sorted(_REGISTRY)
+    return sorted(usage for g in games for _, usage in _REGISTRY.get(g, {}).values())
+
+
+def make_opponent(spec: str) -> Opponent:
+    """Build an opponent from its spec string (``kuhn:aggressive``, ``ttt:mcts:100``...).
+
+    Raises:
+        ValueError: The spec names an unknown game or opponent; the message lists the
+            valid ones.
+    """
+    _ensure_builtins()
+    parts = spec.split(":")
+    if len(parts) < 2:
+        raise ValueError(
+            f"opponent spec {spec!r} must look like GAME:NAME[:ARG]; "
+            f"valid: {', '.join(available_opponents())}"
+        )
+    game = canonical_game(parts[0])
+    name, args = parts[1], parts[2:]
+    entry = _REGISTRY.get(game, {}).get(name)
+    if entry is None:
+        raise ValueError(
+            f"unknown opponent {spec!r}; valid for {game}: "
+            f"{', '.join(available_opponents(game))}"
+        )
+    opponent = entry[0](args)
+    opponent.spec = canonical_spec(spec)
+    return opponent
+
+
+def canonical_spec(spec: str) -> str:
+    """The spec with the game alias expanded: ``kuhn:cfr`` -> ``kuhn_poker:cfr``."""
+    parts = spec.split(":")
+    return ":".join([canonical_game(parts[0]), *parts[1:]])
+
+
+_BUILTINS_LOADED = False
+
+
+def _ensure_builtins() -> None:
+    # The game modules register their opponents on import; importing them lazily keeps
+    # this module free of a circular import.
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        from mage_rl.envs import kuhn, tictactoe  # noqa: F401
+
+
+@dataclass(frozen=True)
+class Population:
+    """A weighted set of opponents; each meta-episode samples one (SPEC §1).
+
+    Attributes:
+        members: ``(spec, weight)`` pairs; weights are normalised on use.
+    """
+
+    members: tuple[tuple[str, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError("a population needs at least one opponent")
+        for spec, weight in self.members:
+            if weight < 0:
+                raise ValueError(f"opponent {spec!r} has negative weight {weight}")
+            make_opponent(spec)  # validates the spec early, with the list of valid ones
+        if sum(w for _, w in self.members) <= 0:
+            raise ValueError("population weights must not all be zero")
+
+    @property
+    def specs(self) -> list[str]:
+        return [canonical_spec(s) for s, _ in self.members]
+
+    @property
+    def weights(self) -> np.ndarray:
+        w = np.array([w for _, w in self.members], dtype=float)
+        return w / w.sum()
+
+    def sample(self, seed: int) -> str:
+        """The opponent of the meta-episode with this task seed (deterministic)."""
+        from mage_rl.envs.base import derive_seed
+
+        rng = np.random.default_rng(derive_seed("population", seed))
+        return self.specs[int(rng.choice(len(self.members), p=self.weights))]
+
+    @classmethod
+    def parse(cls, text: str, game: str | None = None) -> Population:
+        """Parse ``"a=0.3,b=0.7"``, a single spec, or a preset name.
+
+        Bare names get the ``game`` prefix: ``conservative=0.3`` with ``game="kuhn"``
+        means ``kuhn:conservative=0.3``.
+        """
+        if text in POPULATION_PRESETS:
+            return POPULATION_PRESETS[text]
+        members = []
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            spec, _, weight = item.partition("=")
+            spec = spec.strip()
+            if game and ":" not in spec:
+                spec = f"{game}:{spec}"
+            members.append((spec, float(weight) if weight else 1.0))
+        return cls(tuple(members))
+
+
+def _ttt_training_population() -> Population:
+    patterns = [
+        "centre_first",
+        "corners_first",
+        "edges_first",
+        "diagonal",
+        "anti_diagonal",
+        "reversed",
+    ]
+    others = [f"tic_tac_toe:pattern:{p}" for p in patterns] + ["tic_tac_toe:random"]
+    members = [("tic_tac_toe:mcts:100", 0.5)] + [(s, 0.5 / len(others)) for s in others]
+    return Population(tuple(members))
+
+
+class _Presets(dict):
+    """Named populations, built on first use (building validates every spec)."""
+
+    _builders: dict[str, Callable[[], Population]] = {
+        "kuhn_train": lambda: Population(
+            (
+                ("kuhn_poker:conservative", 0.3),
+                ("kuhn_poker:aggressive", 0.3),
+                ("kuhn_poker:intermediate", 0.4),
+            )
+        ),
+        "kuhn_unseen": lambda: Population((("kuhn_poker:cfr", 1.0),)),
+        "ttt_train": _ttt_training_population,
+        "ttt_unseen": lambda: Population((("tic_tac_toe:mcts:1000", 1.0),)),
+    }
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._builders
+
+    def __missing__(self, key: str) -> Population:
+        if key not in self._builders:
+            raise KeyError(f"unknown population preset {key!r}; valid: {sorted(self._builders)}")
+        self[key] = self._builders[key]()
+        return self[key]
+
+    def names(self) -> list[str]:
+        return sorted(self._builders)
+
+
+POPULATION_PRESETS = _Presets()
+"""The training and evaluation populations of SPEC §7, by name: ``kuhn_train``,
+``kuhn_unseen``, ``ttt_train``, ``ttt_unseen``."""
