@@ -149,8 +149,7 @@ def make_opponent(spec: str) -> Opponent:
     entry = _REGISTRY.get(game, {}).get(name)
     if entry is None:
         raise ValueError(
-            f"unknown opponent {spec!r}; valid for {game}: "
-            f"{', '.join(available_opponents(game))}"
+            f"unknown opponent {spec!r}; valid for {game}: {', '.join(available_opponents(game))}"
         )
     opponent = entry[0](args)
     opponent.spec = canonical_spec(spec)

@@ -1,0 +1,199 @@
+"""The ``mage`` command line.
+
+Each sub-command lives in a small ``_cmd_*`` function that parses nothing itself and
+imports its heavy modules lazily, so ``mage --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+log = logging.getLogger("mage_rl")
+console = Console()
+
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, Command] = {}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}"
+
+
+# -- oracle ------------------------------------------------------------------------------
+
+
+def _cmd_oracle(args: argparse.Namespace) -> int:
+    from mage_rl.envs import Population
+    from mage_rl.eval.oracles import kuhn_oracle
+
+    if args.game not in ("kuhn", "kuhn_poker"):
+        raise SystemExit(f"mage oracle: exact values exist for kuhn only, not {args.game!r}")
+    oracle = kuhn_oracle(Population.parse(args.population, game="kuhn_poker"))
+    if args.json:
+        print(json.dumps(oracle.to_dict(), indent=2))
+        return 0
+    specs = list(oracle.population)
+    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
+    table = Table(title=f"Kuhn Poker exact values, chips per hand for the agent ({pop})")
+    table.add_column("agent seat")
+    table.add_column("Nash", justify="right")
+    for spec in specs:
+        table.add_column(f"vs {spec.split(':', 1)[1][:5]}.", justify="right")
+    table.add_column("best fixed", justify="right")
+    table.add_column("ceiling", justify="right")
+    table.add_column("replay win", justify="right")
+    for seat in oracle.seats:
+        table.add_row(
+            seat.seat,
+            _fmt(seat.nash),
+            *(_fmt(seat.best_response[s]) for s in specs),
+            _fmt(seat.best_fixed),
+            _fmt(seat.ceiling),
+            _fmt(seat.replay_winnable),
+        )
+    console.print(table)
+    console.print(
+        "vs X: best response to X alone; best fixed: best single strategy against the "
+        "population; ceiling: best response to each opponent, weighted; replay win: "
+        "share of (deal, opponent) pairs where some line of play wins."
+    )
+    return 0
+
+
+# -- opponents ---------------------------------------------------------------------------
+
+
+def _cmd_opponents(args: argparse.Namespace) -> int:
+    from mage_rl.envs import POPULATION_PRESETS, available_opponents
+
+    console.print("[bold]Opponents[/bold] (spec strings for configs):")
+    for usage in available_opponents(args.game):
+        console.print(f"  {usage}")
+    console.print("[bold]Population presets[/bold]:")
+    for name in POPULATION_PRESETS.names():
+        pop = POPULATION_PRESETS[name]
+        members = ", ".join(f"{s}={w:.3g}" for s, w in zip(pop.specs, pop.weights, strict=True))
+        console.print(f"  {name}: {members}")
+    return 0
+
+
+# -- matchup -----------------------------------------------------------------------------
+
+
+def _cmd_matchup(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from mage_rl.envs import POPULATION_PRESETS, Population
+    from mage_rl.eval.matchup import kuhn_matchups
+
+    population = Population.parse(args.population, game="kuhn_poker")
+    strategies = [s if ":" in s else f"kuhn_poker:{s}" for s in args.strategy] or list(
+        POPULATION_PRESETS["kuhn_train"].specs
+    )
+    total = len(strategies) * len(population.specs) * 2 * args.hands
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("playing hands", total=total)
+        results = kuhn_matchups(
+            strategies,
+            population.specs,
+            args.hands,
+            seed=args.seed,
+            progress=lambda: progress.advance(task),
+        )
+    table = Table(
+        title=f"Scripted Kuhn strategies in the text environment, chips/hand ({args.hands} hands)"
+    )
+    for col in ("strategy", "opponent", "seat", "measured", "± s.e.", "exact", "invalid"):
+        table.add_column(col, justify="left" if col in ("strategy", "opponent") else "right")
+    for r in results:
+        table.add_row(
+            r.strategy.split(":", 1)[1],
+            r.opponent.split(":", 1)[1],
+            r.seat,
+            f"{r.mean_payoff:+.4f}",
+            f"{r.stderr:.4f}",
+            f"{r.exact:+.4f}",
+            str(r.invalid_actions),
+        )
+    console.print(table)
+    args.json = False
+    args.game = "kuhn"
+    _cmd_oracle(args)
+    worst = max(abs(r.mean_payoff - r.exact) / max(r.stderr, 1e-9) for r in results)
+    console.print(f"largest gap between measured and exact: {worst:.2f} standard errors")
+    return 0
+
+
+# -- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mage",
+        description="MAGE: meta-RL for LLM agents (train, evaluate, serve).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("oracle", help="exact Kuhn Poker reference values (SPEC §9)")
+    p.add_argument("game", choices=["kuhn", "kuhn_poker"])
+    p.add_argument(
+        "--population",
+        default="conservative=0.3,aggressive=0.3,intermediate=0.4",
+        help="weighted opponents, e.g. conservative=0.3,aggressive=0.7, or a preset name",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_oracle)
+
+    p = sub.add_parser("opponents", help="list opponent specs and population presets")
+    p.add_argument("game", nargs="?", default=None, help="kuhn or ttt (default: all)")
+    p.set_defaults(func=_cmd_opponents)
+
+    p = sub.add_parser(
+        "matchup",
+        help="play scripted Kuhn strategies through the text environment vs exact values",
+    )
+    p.add_argument(
+        "--strategy", action="append", default=[], help="agent strategy spec (repeatable)"
+    )
+    p.add_argument(
+        "--population",
+        default="conservative=0.3,aggressive=0.3,intermediate=0.4",
+        help="opponents to play against (and the oracle's population)",
+    )
+    p.add_argument("--hands", type=int, default=2000, help="hands per (strategy, opponent, seat)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_matchup)
+
+    for register in _EXTRA_PARSERS:
+        register(sub)
+    return parser
+
+
+# Later sub-commands (rollout, train, eval, serve, bench) add themselves here.
+_EXTRA_PARSERS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
