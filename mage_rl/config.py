@@ -1,0 +1,183 @@
+"""Typed configuration loaded from YAML.
+
+Every section is a pydantic model that rejects unknown keys, so a typo fails at load
+time with the key's name instead of being silently ignored. Cross-field rules are
+checked on load with a message that says how to fix them. ``--set a.b=value`` overrides
+are applied to the raw YAML mapping before validation, so they are checked the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ContextMode = Literal["reflection", "history", "history+reflection", "none"]
+AgentKind = Literal["mage", "reflexion", "react"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(_Strict):
+    """The task and its opponents."""
+
+    name: Literal["kuhn_poker", "tic_tac_toe"] = Field(
+        "kuhn_poker", description="Environment (OpenSpiel game)."
+    )
+    population: str = Field(
+        "kuhn_train",
+        description="Opponents: a preset (kuhn_train, ttt_train, kuhn_unseen, ttt_unseen) "
+        "or weighted specs such as 'kuhn:aggressive=0.5,kuhn:conservative=0.5'.",
+    )
+    seat: str = Field(
+        "sampled",
+        description="Agent seat: first, second, or sampled (drawn from the task seed; "
+        "the paper samples the Tic-Tac-Toe seat).",
+    )
+    protocol: Literal["replay", "fresh"] = Field(
+        "replay",
+        description="Episode protocol (SPEC §2): replay restarts every episode from the "
+        "same deal/board (paper-faithful); fresh deals anew each episode, same opponent.",
+    )
+    max_turns: int | None = Field(
+        None, ge=1, description="Agent turns per episode, invalid ones included (game default)."
+    )
+
+
+class MetaEpisodeConfig(_Strict):
+    """How a meta-episode is played (SPEC §2)."""
+
+    episodes: int = Field(3, ge=1, le=10, description="K, episodes per meta-episode.")
+    context: ContextMode = Field(
+        "reflection",
+        description="What earlier episodes put into the play prompt: reflection (the "
+        "paper's default), history (past moves and outcomes), history+reflection, or "
+        "none (each episode alone, as ReAct).",
+    )
+    stop_on_success: bool = Field(
+        True,
+        description="Stop the meta-episode after a won episode (authors' code; Pass@k "
+        "assumes it). Turn off to always play K episodes, e.g. to measure EV per episode.",
+    )
+    agent: AgentKind = Field(
+        "mage",
+        description="Prompt style: mage and reflexion answer directly with a tag; react "
+        "reasons in a Thought line before the tag.",
+    )
+
+
+class PolicyConfig(_Strict):
+    """The model and how it samples."""
+
+    model: str = Field(
+        "smollm2", description="tiny (in-process test model), smollm2 (embedded default) "
+        "or a path to an HF causal-LM directory or checkpoint."
+    )
+    dtype: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto uses bf16 where the CPU supports it, else fp32."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (training: 1.0).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus truncation.")
+    top_k: int = Field(0, ge=0, description="Top-k truncation; 0 disables it.")
+    max_tokens: int = Field(
+        96, ge=1, description="L_max, the response-length limit; also sets the length penalty."
+    )
+    max_batch_size: int = Field(
+        32, ge=1, description="Most concurrent requests the local engine puts in one forward pass."
+    )
+
+
+class RolloutConfig(_Strict):
+    """How many meta-episodes are collected per batch."""
+
+    tasks: int = Field(4, ge=1, description="B, task instances (seed, opponent, seat) per batch.")
+    group_size: int = Field(
+        4, ge=1, description="G, rollouts per task instance (the GiGPO group; paper: 8)."
+    )
+    concurrency: int = Field(
+        16, ge=1, description="Meta-episodes running at once (their LLM calls share batches)."
+    )
+    seed: int = Field(0, description="Base seed; task seeds derive from it and the iteration.")
+
+
+class RunConfig(_Strict):
+    """A whole experiment file. Later sections (returns, advantages, learner, train)
+    are added by the training configuration."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    meta: MetaEpisodeConfig = Field(default_factory=MetaEpisodeConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        from mage_rl.envs import Population, canonical_game
+
+        population = Population.parse(self.env.population, game=self.env.name)
+        for spec in population.specs:
+            if canonical_game(spec.split(":")[0]) != self.env.name:
+                raise ValueError(
+                    f"env.population has {spec!r}, which does not play env.name="
+                    f"{self.env.name!r}; use opponents of {self.env.name}"
+                )
+        if self.meta.agent == "react" and self.meta.context != "none":
+            raise ValueError(
+                f"meta.agent=react keeps no memory across episodes, but meta.context="
+                f"{self.meta.context!r}; set meta.context: none"
+            )
+        return self
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"--set {dotted}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    """``["a.b=1", "c=x"]`` -> ``[("a.b", 1), ("c", "x")]``; values are read as YAML."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out.append((key.strip(), yaml.safe_load(raw)))
+    return out
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, cls: type[BaseModel] = RunConfig
+) -> Any:
+    """Load and validate a YAML config, with ``key=value`` overrides applied first.
+
+    Raises:
+        ValueError: An unknown key, a bad value or a broken cross-field rule; the
+            message names the key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of sections")
+    for key, value in parse_overrides(overrides or []):
+        _set_path(data, key, value)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(config)"
+            lines.append(f"  {where}: {err['msg']}")
+        source = f" in {path}" if path else ""
+        raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None

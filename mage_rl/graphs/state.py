@@ -1,0 +1,119 @@
+"""State schema and run context of the meta-episode graph.
+
+The state holds only plain data (strings, numbers, lists, dicts), so LangGraph
+checkpointers can store it. Channels that grow over the meta-episode (reflection memory,
+finished episodes, turn records) are append-only through the ``operator.add`` reducer;
+the rest describe the current episode and are overwritten by the node that changes them.
+
+Things that are not data (the environment, the chat model) travel in the run context
+(:class:`MetaEpisodeContext`), given to ``graph.ainvoke(..., context=...)``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+
+from mage_rl.envs.base import PROTOCOLS, TextEnv
+
+CONTEXT_MODES = ("reflection", "history", "history+reflection", "none")
+
+
+class MetaEpisodeState(TypedDict, total=False):
+    """The meta-episode graph's state.
+
+    Attributes:
+        episode: Index k of the current episode.
+        step: Play turns taken in the current episode.
+        observation: The latest observation (what the next play turn acts on).
+        initial_observation: The current episode's first observation.
+        moves: Moves of the current episode so far, as text.
+        invalid_reason: Why the last answer was invalid ("" when it was valid).
+        pending: The play turn awaiting ``env_step`` (a ``Turn`` dict without reward).
+        episode_done: The current episode has ended.
+        meta_done: The meta-episode has ended.
+        memory: Reflections, appended by ``reflect`` (the state channel of SPEC §2).
+        history: Finished episodes (``PastEpisode`` dicts) for the history context.
+        episodes: ``EpisodeResult`` dicts of finished episodes.
+        turns: ``Turn`` dicts of every LLM call, in time order.
+    """
+
+    episode: int
+    step: int
+    observation: str
+    initial_observation: str
+    moves: list[str]
+    invalid_reason: str
+    pending: dict[str, Any] | None
+    episode_done: bool
+    meta_done: bool
+    memory: Annotated[list[str], operator.add]
+    history: Annotated[list[dict[str, Any]], operator.add]
+    episodes: Annotated[list[dict[str, Any]], operator.add]
+    turns: Annotated[list[dict[str, Any]], operator.add]
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """How the meta-episode graph plays (validated when the graph is built).
+
+    Attributes:
+        num_episodes: K, episodes per meta-episode.
+        context: What earlier episodes put into play prompts: ``reflection``,
+            ``history``, ``history+reflection`` or ``none``.
+        protocol: ``replay`` (same deal every episode) or ``fresh``.
+        stop_on_success: End the meta-episode after a won episode.
+        react: Ask for a ``Thought:`` line before the action (ReAct prompting).
+        max_tokens: ``L_max`` for play turns.
+        reflect_max_tokens: ``L_max`` for reflect turns.
+    """
+
+    num_episodes: int = 3
+    context: str = "reflection"
+    protocol: str = "replay"
+    stop_on_success: bool = True
+    react: bool = False
+    max_tokens: int = 96
+    reflect_max_tokens: int = 160
+
+    def __post_init__(self) -> None:
+        if self.num_episodes < 1:
+            raise ValueError(f"num_episodes must be >= 1, got {self.num_episodes}")
+        if self.context not in CONTEXT_MODES:
+            raise ValueError(
+                f"unknown context mode {self.context!r}; valid: {', '.join(CONTEXT_MODES)}"
+            )
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        if self.max_tokens < 1 or self.reflect_max_tokens < 1:
+            raise ValueError("max_tokens and reflect_max_tokens must be >= 1")
+
+    @property
+    def reflects(self) -> bool:
+        """Whether a reflect turn runs between episodes."""
+        return "reflection" in self.context
+
+
+@dataclass
+class MetaEpisodeContext:
+    """Per-run objects handed to the graph's nodes.
+
+    Attributes:
+        env: The environment, already bound to the opponent and seat.
+        llm: Any LangChain chat model; training needs one that returns token ids and
+            log-probs in ``response_metadata`` (``PolicyChatModel``).
+        options: The graph's options (set by :func:`run_meta_episode`).
+        task_seed: Seed of the task instance; fixes every episode's deal.
+        opponent: Opponent id (spec string).
+        extra: Free room for nodes added by users.
+    """
+
+    env: TextEnv
+    llm: BaseChatModel
+    options: GraphOptions
+    task_seed: int = 0
+    opponent: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,128 @@
+"""Prompt templates for play and reflect turns (SPEC §2).
+
+A play prompt shows the rules and seat, what earlier episodes left behind (reflections,
+past episodes, or nothing, by context mode), the episode's initial state, the moves so
+far and the latest observation, and asks for the answer inside ``<action>`` tags. A
+reflect prompt shows the whole finished episode and its result and asks for a diagnosis
+and a plan inside ``<remark>`` tags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Message = dict[str, str]
+
+STYLE_DIRECT = (
+    "Think briefly if you need to, then give your answer inside the tags. "
+    "Only the last tag counts."
+)
+STYLE_REACT = (
+    "First write one line that starts with 'Thought:' and reasons about the state, then "
+    "give your answer inside the tags."
+)
+SAME_OPPONENT = (
+    "You play several episodes in a row against the same opponent, whose strategy does "
+    "not change. Use what earlier episodes show to win the later ones."
+)
+
+
+@dataclass
+class PastEpisode:
+    """What the history context shows of a finished episode."""
+
+    index: int
+    initial_observation: str
+    moves: list[str]
+    feedback: str
+    outcome: str
+
+
+def _episode_block(ep: PastEpisode) -> str:
+    moves = "; ".join(ep.moves) if ep.moves else "no moves"
+    text = f"Episode {ep.index + 1}: {ep.initial_observation.splitlines()[0]} Moves: {moves}."
+    if ep.feedback:
+        text += f" {ep.feedback}"
+    return text + f" Result: {ep.outcome}."
+
+
+def play_messages(
+    *,
+    task_description: str,
+    episode: int,
+    num_episodes: int,
+    context: str,
+    memory: Sequence[str],
+    history: Sequence[PastEpisode],
+    initial_observation: str,
+    moves: Sequence[str],
+    observation: str,
+    invalid_reason: str = "",
+    react: bool = False,
+) -> list[Message]:
+    """The chat for one play turn.
+
+    Args:
+        task_description: Rules, seat and answer format from the environment.
+        episode: Index k of the current episode.
+        num_episodes: K.
+        context: ``reflection``, ``history``, ``history+reflection`` or ``none``.
+        memory: Reflections written so far.
+        history: Finished episodes of this meta-episode.
+        initial_observation: The state at the start of this episode.
+        moves: Moves of this episode so far (the agent's and the opponent's).
+        observation: The latest observation (what the agent acts on).
+        invalid_reason: Why the previous answer was invalid, if it was.
+        react: Ask for a Thought line before the action.
+    """
+    system = task_description
+    if num_episodes > 1 and context != "none":
+        system += "\n" + SAME_OPPONENT
+    parts: list[str] = []
+    if "history" in context and history:
+        parts.append("Earlier episodes against this opponent:")
+        parts.extend(_episode_block(ep) for ep in history)
+    if "reflection" in context and memory:
+        parts.append("Your reflections on earlier episodes:")
+        parts.extend(f"- {m}" for m in memory)
+    if num_episodes > 1:
+        parts.append(f"This is episode {episode + 1} of {num_episodes}.")
+    if moves:
+        parts.append("Start of this episode:\n" + initial_observation)
+        parts.append("Moves so far: " + "; ".join(moves) + ".")
+    parts.append("Current state:\n" + observation)
+    if invalid_reason:
+        parts.append(f"Your previous answer was invalid: {invalid_reason}. Try again.")
+    parts.append((STYLE_REACT if react else STYLE_DIRECT) + " Answer with <action>...</action>.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def reflect_messages(
+    *,
+    task_description: str,
+    finished: PastEpisode,
+    num_episodes: int,
+    memory: Sequence[str],
+) -> list[Message]:
+    """The chat for the reflect turn after episode ``finished.index``."""
+    parts = [
+        f"Episode {finished.index + 1} of {num_episodes} against this opponent is over.",
+        "Start of the episode:\n" + finished.initial_observation,
+        "Moves: " + ("; ".join(finished.moves) if finished.moves else "none") + ".",
+    ]
+    if finished.feedback:
+        parts.append(finished.feedback)
+    parts.append(f"Result: you {finished.outcome}.")
+    if memory:
+        parts.append("Your earlier reflections:")
+        parts.extend(f"- {m}" for m in memory)
+    parts.append(
+        "Diagnose what happened and what it reveals about the opponent's strategy, then "
+        "plan how you will play the next episode. Write the reflection inside "
+        "<remark>...</remark>."
+    )
+    return [
+        {"role": "system", "content": task_description + "\n" + SAME_OPPONENT},
+        {"role": "user", "content": "\n".join(parts)},
+    ]

@@ -1,0 +1,157 @@
+"""Rollout collection: B task instances x G rollouts of a meta-episode graph.
+
+A *task instance* is (task seed, opponent, seat). Its G rollouts share everything
+chance decides (SPEC §5): the task seed fixes every episode's deal and the opponent's
+randomness, so the group baseline compares strategies, not luck. All meta-episodes run
+concurrently as asyncio tasks (bounded by ``concurrency``); their LLM calls reach the
+local engine together and are batched into shared forward passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from mage_rl.envs import Population, derive_seed, make_env, resolve_seat
+from mage_rl.graphs.meta_episode import MetaEpisodeGraph
+from mage_rl.graphs.state import MetaEpisodeState
+from mage_rl.rl.advantages import group_id
+from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
+
+
+@dataclass(frozen=True)
+class TaskInstance:
+    """One group's task: everything the G rollouts share."""
+
+    seed: int
+    opponent: str
+    seat: int
+
+
+def sample_tasks(
+    population: Population,
+    n: int,
+    *,
+    base_seed: int,
+    iteration: int = 0,
+    seat: int | str = "sampled",
+) -> list[TaskInstance]:
+    """``n`` task instances for one batch, a deterministic function of the seeds.
+
+    The opponent is drawn from the population and the seat resolved from each task
+    seed, so a (base seed, iteration) pair always yields the same batch.
+    """
+    tasks = []
+    for i in range(n):
+        seed = derive_seed("task", base_seed, iteration, i)
+        tasks.append(TaskInstance(seed, population.sample(seed), resolve_seat(seat, seed)))
+    return tasks
+
+
+def record_from_state(
+    state: MetaEpisodeState,
+    *,
+    task: TaskInstance,
+    rollout: int,
+    env_name: str,
+    agent: str,
+) -> MetaEpisodeRecord:
+    """Turn a finished graph state into a :class:`MetaEpisodeRecord`."""
+    return MetaEpisodeRecord(
+        uid=group_id(env_name, task.seed, task.opponent, task.seat),
+        rollout=rollout,
+        env=env_name,
+        seed=task.seed,
+        opponent=task.opponent,
+        seat=task.seat,
+        episodes=[EpisodeResult(**e) for e in state.get("episodes", [])],
+        turns=[Turn.from_dict(t) for t in state.get("turns", [])],
+        reflections=list(state.get("memory", [])),
+        agent=agent,
+    )
+
+
+async def collect_rollouts(
+    graph: MetaEpisodeGraph,
+    llm: BaseChatModel,
+    *,
+    env_name: str,
+    tasks: Sequence[TaskInstance],
+    group_size: int,
+    concurrency: int = 16,
+    max_turns: int | None = None,
+    on_done: Callable[[MetaEpisodeRecord], None] | None = None,
+) -> list[MetaEpisodeRecord]:
+    """Play ``len(tasks) x group_size`` meta-episodes concurrently.
+
+    Args:
+        graph: The agent's meta-episode graph.
+        llm: The chat model that drives it.
+        env_name: Environment name.
+        tasks: Task instances (one group each).
+        group_size: G, rollouts per task.
+        concurrency: Meta-episodes in flight at once.
+        max_turns: Override of the environment's turns per episode.
+        on_done: Called with each record as it finishes (progress bars, streaming).
+
+    Returns:
+        Records ordered by (task, rollout), whatever order they finished in.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: TaskInstance, rollout: int) -> MetaEpisodeRecord:
+        async with gate:
+            env = make_env(env_name, task.opponent, seat=task.seat, max_turns=max_turns)
+            state = await graph.run(env, llm, task_seed=task.seed, opponent=task.opponent)
+        record = record_from_state(
+            state, task=task, rollout=rollout, env_name=env_name, agent=graph.name
+        )
+        if on_done:
+            on_done(record)
+        return record
+
+    jobs = [one(t, r) for t in tasks for r in range(group_size)]
+    return list(await asyncio.gather(*jobs))
+
+
+def write_jsonl(records: Iterable[MetaEpisodeRecord], path: str | Path) -> Path:
+    """Write records as JSON lines, atomically (a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for record in records:
+            f.write(record.to_json() + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[MetaEpisodeRecord]:
+    """Read records written by :func:`write_jsonl`."""
+    with Path(path).open() as f:
+        return [MetaEpisodeRecord.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def summarize(records: Sequence[MetaEpisodeRecord]) -> dict[str, Any]:
+    """Quick numbers for a batch: success rate, mean final reward, invalid share."""
+    if not records:
+        return {"meta_episodes": 0}
+    turns = [t for r in records for t in r.turns]
+    return {
+        "meta_episodes": len(records),
+        "success": sum(any(e.outcome == "won" for e in r.episodes) for r in records)
+        / len(records),
+        "final_reward": sum(r.episodes[-1].reward for r in records if r.episodes) / len(records),
+        "turns": len(turns),
+        "invalid_share": sum(t.invalid for t in turns) / max(1, len(turns)),
+        "response_tokens": sum(len(t.response_ids) for t in turns),
+    }
