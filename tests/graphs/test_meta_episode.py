@@ -36,7 +36,7 @@ def test_kuhn_meta_episode_plays_k_episodes_and_records_every_turn() -> None:
         ("reflect", 2), ("play", 2), ("play", 2),
     ]  # fmt: skip
     assert all(t["opponent"] == "kuhn_poker:aggressive" for t in state["turns"])
-    assert state["turns"][1]["anchor"] == "reflection"
+    assert state["turns"][2]["anchor"] == "reflection"
     assert state["turns"][0]["anchor"].startswith("Your card:")
     assert [t["reward"] for t in state["turns"] if t["kind"] == "play"] == [0, -5.0] * 3
     assert [t["step"] for t in state["turns"] if t["kind"] == "play"] == [0, 1] * 3
