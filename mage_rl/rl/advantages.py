@@ -1,0 +1,432 @@
+"""Advantages: GiGPO with opponent-grouped normalization, and a GRPO baseline.
+
+References:
+    GiGPO (arXiv 2505.10978): eq. 3 (episode level), eq. 6-7 (step level, anchor
+    states), eq. 8 (combination).
+    MAGE (arXiv 2603.03680): eq. 11-12, agent-specific (opponent-grouped) normalization;
+    section 4 ablations (global vs local anchor).
+    GRPO (DeepSeekMath, arXiv 2402.03300): group-normalized outcome reward.
+    SPEC.md section 5.
+
+Algorithm (``estimator="gigpo"``), for a batch of meta-episode records:
+
+1. Targets. :func:`mage_rl.rl.returns.compute_sample_targets` gives every turn a step
+   return ``G`` and an episode-level score ``S``.
+2. Groups. Each record belongs to a group: its ``uid`` (one task instance, one
+   opponent, G rollouts) under ``grouping="stationary"``; ``(env, seed, seat)`` under
+   ``grouping="mixed"``, which lets one group span opponents (ablation).
+3. Episode level. ``A_E = S - mean(S over the group)``, pooling every sample of the
+   group (play and reflect turns, all episodes, all rollouts); ``mean_std_norm`` also
+   divides by ``std + eps`` (unbiased std). A group of one has mean 0 and std 1.
+4. Step level. Inside a group, samples with the same anchor key form an anchor group:
+   ``A_S = G - mean(G over the anchor group)`` (same norm); an anchor group of one gets
+   0. The key is the observation text plus the opponent id (``"reflection"`` plus the
+   opponent id for reflect turns); ``anchor="local"`` adds the episode index.
+5. ``A = A_E + omega * A_S``, one scalar per turn, spread over its response tokens.
+
+``estimator="grpo"`` ignores steps: each record's final-episode reward is normalized
+within its group by mean and std, and every turn of the record gets that value.
+
+Group and anchor ids are short sha1 hex digests of their parts, so they are stable across
+processes and runs (never random ids).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.rl.returns import ReturnConfig, compute_sample_targets
+
+Estimator = Literal["gigpo", "grpo"]
+Norm = Literal["mean_norm", "mean_std_norm"]
+AnchorScope = Literal["global", "local"]
+Grouping = Literal["stationary", "mixed"]
+
+ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
+NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
+ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
+GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
+
+logger = logging.getLogger(__name__)
+
+REFLECTION_ANCHOR = "reflection"
+ID_LENGTH = 16  # hex digits of sha1 kept: 64 bits, collisions negligible at batch scale
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How per-sample advantages are estimated.
+
+    Attributes:
+        estimator: ``"gigpo"`` (GiGPO, arXiv 2505.10978: episode-level plus step-level
+            anchor-state baselines; what MAGE uses) or ``"grpo"`` (GRPO, arXiv
+            2402.03300: one group-normalized outcome per meta-episode, no step credit;
+            the plain baseline of SPEC §5).
+        norm: GiGPO normalization. ``"mean_norm"`` subtracts the group mean only (the
+            paper's setting; keeps the reward scale, so large-reward games move the
+            policy more). ``"mean_std_norm"`` also divides by ``std + eps``, which makes
+            every group's advantages unit scale but inflates near-constant groups.
+            GRPO always uses mean and std, as in its paper.
+        anchor: ``"global"`` (MAGE default): the anchor key has no episode index, so the
+            same state met in different episodes shares one baseline, linking early
+            actions to later exploitation. ``"local"`` (ablation): the key includes the
+            episode index, so baselines stay within one episode.
+        grouping: ``"stationary"`` (MAGE eq. 11-12): a group is one task instance with
+            one opponent and anchor keys carry the opponent id, so no baseline mixes
+            opponents. ``"mixed"`` (ablation): the group is keyed by ``(env, seed,
+            seat)`` and anchor keys drop the opponent, so rollouts against different
+            opponents share baselines.
+        omega: Weight of the step-level advantage in ``A = A_E + omega * A_S`` (GiGPO
+            eq. 8; 1.0 in the paper). 0 reduces GiGPO to its episode-level part.
+        eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
+    """
+
+    estimator: Estimator = "gigpo"
+    norm: Norm = "mean_norm"
+    anchor: AnchorScope = "global"
+    grouping: Grouping = "stationary"
+    omega: float = 1.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("estimator", ESTIMATORS),
+            ("norm", NORMS),
+            ("anchor", ANCHOR_SCOPES),
+            ("grouping", GROUPINGS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"AdvantageConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.omega < 0:
+            raise ValueError(f"AdvantageConfig.omega must be >= 0, got {self.omega}")
+        if self.eps <= 0:
+            raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps}")
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic ids
+# ---------------------------------------------------------------------------------------
+
+
+def _digest(kind: str, *parts: object) -> str:
+    # JSON keeps the parts apart unambiguously ("a|b", "c" vs "a", "b|c") and maps None to
+    # null, so a missing opponent or episode never collides with a string "None".
+    payload = json.dumps([kind, *parts], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+def group_id(env: str, seed: int, opponent: str | None, seat: int) -> str:
+    """Deterministic group (uid) id of a task instance.
+
+    Args:
+        env: Environment name.
+        seed: Task seed (fixes every deal or board of the meta-episode).
+        opponent: Opponent id; ``None`` for ``mixed`` grouping, where a group spans
+            opponents.
+        seat: Agent seat.
+
+    Returns:
+        A 16-digit sha1 hex string.
+    """
+    return _digest("group", env, int(seed), opponent, int(seat))
+
+
+def anchor_id(group: str, text: str, opponent: str | None, episode: int | None) -> str:
+    """Deterministic anchor-group id of a turn (GiGPO anchor state, SPEC §5).
+
+    Args:
+        group: Id of the group the turn belongs to (anchor groups never cross groups).
+        text: Observation text the turn acted on, or ``"reflection"``.
+        opponent: Opponent id; ``None`` under ``mixed`` grouping.
+        episode: Episode index under a ``local`` anchor, ``None`` under a ``global`` one.
+
+    Returns:
+        A 16-digit sha1 hex string.
+    """
+    return _digest("anchor", group, text, opponent, None if episode is None else int(episode))
+
+
+# ---------------------------------------------------------------------------------------
+# Pure array functions
+# ---------------------------------------------------------------------------------------
+
+
+def _group_indices(keys: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    groups: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def group_normalize(
+    values: npt.ArrayLike,
+    keys: Sequence[Hashable],
+    norm: Norm,
+    eps: float,
+    singleton: Literal["identity", "zero"],
+) -> np.ndarray:
+    """Subtract the group mean (and divide by ``std + eps``) within groups of equal key.
+
+    Args:
+        values: Per-sample values, shape ``(N,)``.
+        keys: Group key per sample, length ``N``.
+        norm: ``"mean_norm"`` or ``"mean_std_norm"`` (unbiased std).
+        eps: Added to the std.
+        singleton: A group of one gets mean 0 and std 1 (``"identity"``: the value is
+            kept, divided by ``1 + eps`` under ``mean_std_norm``) or 0 (``"zero"``).
+
+    Returns:
+        Normalized values, shape ``(N,)``, float64. Each group is computed from its own
+        members only, so the result does not depend on other groups or on sample order.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    if len(keys) != len(x):
+        raise ValueError(f"got {len(x)} values but {len(keys)} group keys")
+    out = np.zeros_like(x)
+    for idx in _group_indices(keys).values():
+        v = x[idx]
+        if len(idx) == 1:
+            mean, std = 0.0, 1.0
+            if singleton == "zero":
+                continue
+        else:
+            mean, std = float(v.mean()), float(v.std(ddof=1))
+        centred = v - mean
+        out[idx] = centred / (std + eps) if norm == "mean_std_norm" else centred
+    return out
+
+
+def episode_level_advantages(
+    scores: npt.ArrayLike,
+    group_ids: Sequence[Hashable],
+    norm: Norm = "mean_norm",
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """GiGPO episode-level advantage (GiGPO eq. 3; SPEC §5).
+
+    ``A_E = S - mean(S over the group)``; ``mean_std_norm`` divides by ``std + eps``.
+    A group of one has mean 0 and std 1.
+
+    Args:
+        scores: Episode-level score ``S`` per sample, shape ``(N,)``.
+        group_ids: Group (uid) of each sample, length ``N``.
+        norm: ``"mean_norm"`` or ``"mean_std_norm"``.
+        eps: Added to the std.
+
+    Returns:
+        ``A_E``, shape ``(N,)``.
+    """
+    return group_normalize(scores, group_ids, norm, eps, singleton="identity")
+
+
+def step_level_advantages(
+    returns: npt.ArrayLike,
+    group_ids: Sequence[Hashable],
+    anchor_keys: Sequence[Hashable],
+    norm: Norm = "mean_norm",
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """GiGPO step-level advantage over anchor-state groups (GiGPO eq. 6-7; SPEC §5).
+
+    Samples of the same group with the same anchor key form an anchor group;
+    ``A_S = G - mean(G over the anchor group)`` (``mean_std_norm`` divides by
+    ``std + eps``). An anchor group of one gets 0.
+
+    Args:
+        returns: Step-wise return ``G`` per sample, shape ``(N,)``.
+        group_ids: Group (uid) of each sample, length ``N``.
+        anchor_keys: Anchor key per sample, length ``N`` (compared within a group only).
+        norm: ``"mean_norm"`` or ``"mean_std_norm"``.
+        eps: Added to the std.
+
+    Returns:
+        ``A_S``, shape ``(N,)``.
+    """
+    if len(group_ids) != len(anchor_keys):
+        raise ValueError(f"got {len(group_ids)} group ids but {len(anchor_keys)} anchor keys")
+    keys = list(zip(group_ids, anchor_keys, strict=True))
+    return group_normalize(returns, keys, norm, eps, singleton="zero")
+
+
+def gigpo_advantages(
+    scores: npt.ArrayLike,
+    returns: npt.ArrayLike,
+    group_ids: Sequence[Hashable],
+    anchor_keys: Sequence[Hashable],
+    norm: Norm = "mean_norm",
+    omega: float = 1.0,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """GiGPO advantage ``A = A_E + omega * A_S`` (GiGPO eq. 8).
+
+    Args:
+        scores: Episode-level score ``S`` per sample, shape ``(N,)``.
+        returns: Step-wise return ``G`` per sample, shape ``(N,)``.
+        group_ids: Group (uid) of each sample, length ``N``.
+        anchor_keys: Anchor key per sample, length ``N``.
+        norm: ``"mean_norm"`` or ``"mean_std_norm"``.
+        omega: Weight of the step-level part.
+        eps: Added to the std.
+
+    Returns:
+        ``A``, shape ``(N,)``.
+    """
+    a_episode = episode_level_advantages(scores, group_ids, norm, eps)
+    a_step = step_level_advantages(returns, group_ids, anchor_keys, norm, eps)
+    return a_episode + omega * a_step
+
+
+def grpo_advantages(
+    final_rewards: npt.ArrayLike, group_ids: Sequence[Hashable], eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO outcome advantage, one per meta-episode (DeepSeekMath eq. 3 outcome form).
+
+    ``A = (R - mean(R over the group)) / (std + eps)`` with the unbiased std; a group of
+    one has mean 0 and std 1.
+
+    Args:
+        final_rewards: Reward of the last episode played, per meta-episode, shape ``(M,)``.
+        group_ids: Group of each meta-episode, length ``M``.
+        eps: Added to the std.
+
+    Returns:
+        Advantage per meta-episode, shape ``(M,)``.
+    """
+    return group_normalize(final_rewards, group_ids, "mean_std_norm", eps, singleton="identity")
+
+
+# ---------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------
+
+
+def record_group(record: MetaEpisodeRecord, grouping: Grouping) -> str:
+    """Group key of a record.
+
+    Under ``stationary`` grouping this is the record's ``uid`` (or, when the producer left
+    it empty, :func:`group_id` of its task and opponent). Under ``mixed`` grouping it is
+    :func:`group_id` without the opponent, so rollouts of the same task and seat against
+    different opponents share a group.
+    """
+    if grouping == "mixed":
+        return group_id(record.env, record.seed, None, record.seat)
+    return record.uid or group_id(record.env, record.seed, record.opponent, record.seat)
+
+
+def record_anchor_ids(record: MetaEpisodeRecord, group: str, cfg: AdvantageConfig) -> list[str]:
+    """Anchor id of every turn of a record, aligned with ``record.turns``."""
+    ids = []
+    for turn in record.turns:
+        text = REFLECTION_ANCHOR if turn.kind == "reflect" else turn.anchor
+        opponent = None if cfg.grouping == "mixed" else (turn.opponent or record.opponent)
+        episode = turn.episode if cfg.anchor == "local" else None
+        ids.append(anchor_id(group, text, opponent, episode))
+    return ids
+
+
+def final_reward(record: MetaEpisodeRecord) -> float:
+    """Reward of the last episode played (the quantity MAGE's objective targets).
+
+    With the differential meta-reward, this is also the sum of the ``D_k``. A record
+    without episode results falls back to the task rewards of its last episode's turns.
+    """
+    if record.episodes:
+        return float(record.episodes[-1].reward)
+    if not record.turns:
+        return 0.0
+    last = max(t.episode for t in record.turns)
+    return float(sum(t.reward for t in record.turns if t.episode == last))
+
+
+def _check_stationary(records: Sequence[MetaEpisodeRecord], groups: Sequence[str]) -> None:
+    opponents: dict[str, set[str]] = {}
+    for record, group in zip(records, groups, strict=True):
+        opponents.setdefault(group, set()).add(record.opponent)
+    for group, found in opponents.items():
+        if len(found) > 1:
+            raise ValueError(
+                f"grouping='stationary' needs one opponent per uid group, but group {group!r} "
+                f"holds opponents {sorted(found)}. Build uids with "
+                "mage_rl.rl.advantages.group_id(env, seed, opponent, seat), or set "
+                "grouping='mixed' to pool opponents on purpose."
+            )
+
+
+def compute_advantages(
+    records: Sequence[MetaEpisodeRecord],
+    ret_cfg: ReturnConfig | None = None,
+    adv_cfg: AdvantageConfig | None = None,
+) -> list[list[float]]:
+    """Advantage of every turn of every record.
+
+    Args:
+        records: Meta-episodes of one training batch (all G rollouts of each group must
+            be present: baselines are computed over what is passed in).
+        ret_cfg: Reward mode, discounts, penalties (defaults: MAGE).
+        adv_cfg: Estimator, normalization, anchor scope, grouping (defaults: MAGE).
+
+    Returns:
+        ``advantages[i][j]`` for turn ``j`` of ``records[i]``, aligned with
+        ``records[i].turns``.
+
+    Raises:
+        ValueError: On malformed records, or a stationary group holding several opponents.
+    """
+    ret_cfg = ret_cfg or ReturnConfig()
+    adv_cfg = adv_cfg or AdvantageConfig()
+    groups = [record_group(r, adv_cfg.grouping) for r in records]
+    if adv_cfg.grouping == "stationary":
+        _check_stationary(records, groups)
+
+    if adv_cfg.estimator == "grpo":
+        per_record = grpo_advantages([final_reward(r) for r in records], groups, adv_cfg.eps)
+        return [[float(a)] * len(r.turns) for r, a in zip(records, per_record, strict=True)]
+
+    scores: list[np.ndarray] = []
+    returns: list[np.ndarray] = []
+    sample_groups: list[str] = []
+    anchors: list[str] = []
+    for record, group in zip(records, groups, strict=True):
+        g, s = compute_sample_targets(record, ret_cfg)
+        returns.append(g)
+        scores.append(s)
+        sample_groups.extend([group] * len(record.turns))
+        anchors.extend(record_anchor_ids(record, group, adv_cfg))
+    if not sample_groups:
+        return [[] for _ in records]
+    unanchored = sum(1 for r in records for t in r.turns if t.kind == "play" and not t.anchor)
+    if unanchored and adv_cfg.omega > 0:
+        # Empty anchors all share one anchor group, which turns A_S into noise.
+        logger.warning(
+            "%d play turns have no anchor text; they share one GiGPO anchor group. "
+            "Set Turn.anchor to the observation the turn acted on.",
+            unanchored,
+        )
+    flat = gigpo_advantages(
+        np.concatenate(scores),
+        np.concatenate(returns),
+        sample_groups,
+        anchors,
+        norm=adv_cfg.norm,
+        omega=adv_cfg.omega,
+        eps=adv_cfg.eps,
+    )
+    out: list[list[float]] = []
+    start = 0
+    for record in records:
+        stop = start + len(record.turns)
+        out.append([float(a) for a in flat[start:stop]])
+        start = stop
+    return out

@@ -1,0 +1,640 @@
+"""Embedded PyTorch learner: PPO-clip updates of a Hugging Face causal LM.
+
+References:
+    PPO (arXiv 1707.06347); SPEC.md section 6 (PPO-clip 0.2, token-mean, one epoch,
+    AdamW at a constant learning rate, gradient clipping, k3 KL to the reference, entropy
+    bonus 0.001); LoRA (arXiv 2106.09685).
+
+One call to :meth:`Learner.update`:
+
+1. Coerce and validate the samples (prompt ids, response ids, sampling log-probs, one
+   advantage each); drop samples without response tokens.
+2. For each PPO epoch, shuffle (seeded) and cut the samples into mini-batches of
+   ``mini_batch_size``; each mini-batch is one optimizer step.
+3. Pack each mini-batch into micro-batches under ``micro_batch_tokens`` padded tokens.
+   Each micro-batch runs one right-padded forward pass; the log-prob of response token j
+   is read from the logits at position ``len(prompt) - 1 + j``, after dividing the logits
+   by the sampling temperature.
+4. Loss per micro-batch: PPO-clip surrogate + ``kl_coef`` * k3 KL to the reference -
+   ``entropy_coef`` * entropy, each a token sum divided by the token count of the whole
+   mini-batch, so accumulated gradients equal the mini-batch token mean exactly.
+5. Clip the gradient norm, take an AdamW step.
+
+The policy runs in eval mode (dropout off), so that on fresh on-policy samples the ratio
+is exactly 1 up to numerics. Master weights stay in float32; ``dtype="bf16"`` only
+autocasts the forward pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from mage_rl.rl.batching import MicroBatch, Sample, collate, pack_micro_batches
+from mage_rl.rl.loss import (
+    KLKind,
+    entropy_from_logits,
+    gather_logprobs,
+    kl_penalty,
+    policy_loss,
+    token_mean,
+)
+
+logger = logging.getLogger(__name__)
+
+DType = Literal["auto", "bf16", "fp32"]
+MODEL_DIR = "model"
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Optimization settings of the embedded learner.
+
+    Attributes:
+        lr: AdamW learning rate, constant (paper: 1e-6 for Qwen3-4B full fine-tuning).
+            Small models and LoRA adapters tolerate and need larger values (1e-5..1e-4).
+        weight_decay: AdamW decoupled weight decay; 0 keeps the policy close to its
+            initialization only through the KL term.
+        betas: AdamW moment coefficients.
+        adam_eps: AdamW epsilon.
+        clip_eps: PPO clip range (PPO eq. 7; 0.2). Larger values allow bigger policy
+            moves per step at the cost of stability.
+        kl_coef: Weight of the KL loss to the reference (initial) policy; 0 disables it
+            and no reference copy is kept. SPEC §6 uses 0.1 for the games (the config
+            files set it); it limits drift and language degradation but slows learning.
+        kl_kind: KL estimator: ``"low_var_kl"`` (k3, Schulman 2020; unbiased and
+            non-negative), ``"k1"`` or ``"k2"``.
+        entropy_coef: Weight of the entropy bonus (SPEC §6: 0.001); keeps exploration
+            alive, too large a value makes responses ramble.
+        max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
+            still reported).
+        mini_batch_size: Samples per optimizer step (paper: 64). A batch of N samples
+            gives ``ceil(N / mini_batch_size)`` steps per epoch.
+        micro_batch_tokens: Budget of padded tokens (prompt + response) per forward
+            pass; trades memory for speed, leaves the gradient unchanged.
+        ppo_epochs: Passes over the batch (SPEC §6: 1). More epochs reuse samples more
+            but go further off-policy.
+        shuffle: Shuffle samples before cutting mini-batches (seeded by ``seed``), so a
+            mini-batch mixes groups.
+        seed: Seed of the shuffling generator (saved and restored with checkpoints).
+        temperature: Temperature the rollouts were sampled at; logits are divided by it
+            so that the learner's log-probs match the sampling distribution and the
+            ratio starts at 1. Top-p/top-k truncation cannot be reproduced, so train
+            with ``top_p = 1`` and ``top_k = 0`` (the paper samples at 1.0).
+        dtype: Forward-pass precision. ``"fp32"``: exact. ``"bf16"``: bfloat16 autocast
+            (master weights and optimizer stay float32). ``"auto"``: bf16 on CUDA with bf16
+            support or on CPUs with ``avx512_bf16``/``amx_bf16``, else fp32.
+        lora: Train LoRA adapters (arXiv 2106.09685) instead of all weights; the
+            reference policy is then the base model with adapters disabled, so no copy
+            is needed.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator (scale = ``lora_alpha / lora_r``).
+        lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
+        lora_target_modules: Module names that get adapters (all attention and MLP
+            projections of Llama/Qwen-style models by default).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    kl_kind: KLKind = "low_var_kl"
+    entropy_coef: float = 0.001
+    max_grad_norm: float = 1.0
+    mini_batch_size: int = 64
+    micro_batch_tokens: int = 4096
+    ppo_epochs: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    temperature: float = 1.0
+    dtype: DType = "auto"
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        positive = ("lr", "adam_eps", "clip_eps", "temperature")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"LearnerConfig.{name} must be > 0, got {getattr(self, name)}")
+        non_negative = ("weight_decay", "kl_coef", "entropy_coef", "max_grad_norm", "lora_dropout")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"LearnerConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("mini_batch_size", "micro_batch_tokens", "ppo_epochs", "lora_r", "lora_alpha"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(
+                f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
+            )
+        if self.kl_kind not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
+            raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"LearnerConfig.betas must be two values in [0, 1), got {self.betas}")
+        if self.lora and not self.lora_target_modules:
+            raise ValueError(
+                "LearnerConfig.lora_target_modules is empty; name the modules to adapt"
+            )
+
+
+def cpu_supports_bf16(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False
+
+
+def resolve_autocast_dtype(dtype: DType, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for the forward pass, or ``None`` for plain float32."""
+    if dtype == "fp32":
+        return None
+    if dtype == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if device.type == "cpu":
+        return torch.bfloat16 if cpu_supports_bf16() else None
+    return None
+
+
+def _is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is a core dependency, but keep plain models working without it
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` can skip the logits of prompt positions (HF ``logits_to_keep``)."""
+    base: Any = model.get_base_model() if _is_peft_model(model) else model  # type: ignore[operator]
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _freeze(model: nn.Module) -> nn.Module:
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class Learner:
+    """PPO-clip learner around a Hugging Face causal LM (full fine-tuning or LoRA).
+
+    Args:
+        model: A causal LM whose ``forward(input_ids, attention_mask)`` returns
+            ``.logits`` of shape ``(B, T, V)``. It is trained in place (wrapped with LoRA
+            adapters when ``config.lora``; use :attr:`model` afterwards).
+        config: Optimization settings.
+        ref_model: Frozen reference policy for the KL loss. When ``kl_coef > 0`` and none
+            is given, a deep copy of ``model`` is made (full fine-tuning) or the base
+            model with adapters disabled is used (LoRA).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: LearnerConfig | None = None,
+        ref_model: nn.Module | None = None,
+    ) -> None:
+        self.config = config or LearnerConfig()
+        # HF and PEFT models add methods (save_pretrained, disable_adapter) that nn.Module
+        # does not declare, so the attribute is typed loosely.
+        self.model: Any = self._prepare_model(model)
+        self.device = next(self.model.parameters()).device
+        self.autocast_dtype = resolve_autocast_dtype(self.config.dtype, self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters (all requires_grad=False)")
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.adam_eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self.ref_model = self._make_reference(ref_model)
+        self.step = 0
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
+        if self.ref_model is not None:
+            self._keep_logits[id(self.ref_model)] = _accepts_logits_to_keep(self.ref_model)
+
+    # ---- set-up --------------------------------------------------------------------
+
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
+        cfg = self.config
+        if cfg.lora and not _is_peft_model(model):
+            from peft import LoraConfig, get_peft_model
+
+            lora_cfg = LoraConfig(
+                r=cfg.lora_r,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=cfg.lora_dropout,
+                target_modules=list(cfg.lora_target_modules),
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lora_cfg)
+        elif _is_peft_model(model) and not cfg.lora:
+            raise ValueError(
+                "the model already carries PEFT adapters; set lora: true to train them"
+            )
+        if cfg.lora:
+            # Only the adapters are optimized; keep them in float32 (the base may be bf16).
+            for p in model.parameters():
+                if p.requires_grad and p.dtype != torch.float32:
+                    p.data = p.data.float()
+        elif any(p.dtype != torch.float32 for p in model.parameters()):
+            logger.info("casting the policy to float32 master weights")
+            model = model.float()
+        return model.eval()
+
+    def _make_reference(self, ref_model: nn.Module | None) -> nn.Module | None:
+        if ref_model is not None:
+            return _freeze(ref_model)
+        if self.config.kl_coef <= 0 or self.config.lora:
+            return None
+        return _freeze(copy.deepcopy(self.model))
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    # ---- forward -------------------------------------------------------------------
+
+    def _response_logits(
+        self, model: nn.Module, batch: MicroBatch, temperature: float
+    ) -> torch.Tensor:
+        """Logits that predict each response token, divided by the temperature: ``(B, R, V)``."""
+        width = batch.input_ids.shape[1]
+        kwargs: dict[str, Any] = {}
+        if self._keep_logits.get(id(model), False):
+            # Logits of positions before the shortest prompt's last token are never used.
+            kwargs["logits_to_keep"] = width - batch.min_prompt_len + 1
+        with self._autocast():
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                use_cache=False,
+                **kwargs,
+            )
+        logits = out.logits  # (B, K, V), K = kept positions at the end of the sequence
+        offset = width - logits.shape[1]
+        index = (batch.positions - offset).clamp(min=0)  # (B, R); padding reads position 0
+        vocab = logits.shape[-1]
+        picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, vocab))  # (B, R, V)
+        return picked.float() / temperature
+
+    @contextmanager
+    def _reference(self) -> Iterator[nn.Module]:
+        if self.ref_model is not None:
+            yield self.ref_model
+        elif self.config.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            raise RuntimeError("kl_coef > 0 but the learner holds no reference model")
+
+    def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor:
+        with torch.no_grad(), self._reference() as ref:
+            logits = self._response_logits(ref, batch, temperature)
+            return gather_logprobs(logits, batch.response_ids)
+
+    @staticmethod
+    def _prepare_samples(samples: Iterable[Any]) -> list[Sample]:
+        prepared = []
+        for i, item in enumerate(samples):
+            sample = Sample.coerce(item)
+            sample.validate(i)
+            if sample.response_ids:
+                prepared.append(sample)
+        return prepared
+
+    # ---- public API ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, samples: Sequence[Any], temperature: float | None = None
+    ) -> list[list[float]]:
+        """Log-probs of each sample's response tokens under the current policy.
+
+        Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only
+        ``prompt_ids`` and ``response_ids`` of the samples are read.
+        """
+        temp = self.config.temperature if temperature is None else temperature
+        items = [Sample.coerce(s) for s in samples]
+        out: list[list[float]] = [[] for _ in items]
+        nonempty = [i for i, s in enumerate(items) if s.response_ids]
+        lengths = [items[i].length for i in nonempty]
+        for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
+            chosen = [nonempty[g] for g in group]
+            # Only the ids matter here; zero log-probs and advantages fill the batch.
+            ids_only = [
+                Sample(
+                    items[i].prompt_ids,
+                    items[i].response_ids,
+                    [0.0] * len(items[i].response_ids),
+                    0.0,
+                )
+                for i in chosen
+            ]
+            batch = collate(ids_only).to(self.device)
+            logits = self._response_logits(self.model, batch, temp)
+            logp = gather_logprobs(logits, batch.response_ids)
+            for row, i in enumerate(chosen):
+                out[i] = logp[row, : len(items[i].response_ids)].tolist()
+        return out
+
+    def accumulate_gradients(
+        self,
+        samples: Sequence[Any],
+        num_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> dict[str, float]:
+        """Forward and backward passes over micro-batches, adding into ``.grad``.
+
+        No optimizer step is taken. :meth:`update` calls this once per mini-batch; it is
+        public for gradient checks and custom loops.
+
+        Args:
+            samples: :class:`Sample` objects or 4-tuples.
+            num_tokens: Token-mean denominator; defaults to the response tokens of
+                ``samples`` (pass the whole mini-batch's count when ``samples`` is part
+                of it).
+            temperature: Sampling temperature of the rollouts (default: config).
+
+        Returns:
+            Loss terms and statistics, each a token sum divided by ``num_tokens``:
+            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``.
+        """
+        cfg = self.config
+        temp = cfg.temperature if temperature is None else temperature
+        items = self._prepare_samples(samples)
+        total = num_tokens if num_tokens is not None else sum(len(s.response_ids) for s in items)
+        stats: dict[str, float] = defaultdict(float)
+        for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
+            batch = collate([items[i] for i in group]).to(self.device)
+            logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
+            logp = gather_logprobs(logits, batch.response_ids)  # (B, R)
+            pg_loss, pg_stats = policy_loss(
+                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
+            )
+            loss = pg_loss
+            if cfg.entropy_coef > 0:
+                entropy = token_mean(entropy_from_logits(logits), batch.mask, total)
+                loss = loss - cfg.entropy_coef * entropy
+            else:
+                with torch.no_grad():
+                    entropy = token_mean(entropy_from_logits(logits.detach()), batch.mask, total)
+            if cfg.kl_coef > 0:
+                ref_logp = self._reference_logprobs(batch, temp)
+                kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
+                loss = loss + cfg.kl_coef * kl
+                stats["kl"] += kl.item()
+            loss.backward()
+            stats["loss"] += loss.item()
+            stats["pg_loss"] += pg_loss.item()
+            stats["entropy"] += entropy.item()
+            for name, value in pg_stats.items():
+                stats[name] += value.item()
+        stats.setdefault("kl", 0.0)
+        return dict(stats)
+
+    def update(self, samples: Sequence[Any], temperature: float | None = None) -> dict[str, float]:
+        """One PPO update over a batch of samples.
+
+        Args:
+            samples: :class:`Sample` objects or ``(prompt_ids, response_ids, old_logprobs,
+                advantage)`` tuples; the advantage applies to every response token.
+            temperature: Sampling temperature of the rollouts (default:
+                ``config.temperature``).
+
+        Returns:
+            Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
+            ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm``
+            (mean pre-clip norm over optimizer steps), ``steps``, ``skipped_steps``
+            (non-finite gradients), ``tokens`` (response tokens trained on) and
+            ``tokens_per_s`` (prompt and response tokens through the learner per second).
+        """
+        cfg = self.config
+        items = self._prepare_samples(samples)
+        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
+        result: dict[str, float] = dict.fromkeys(
+            (*keys, "grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s"), 0.0
+        )
+        if not items:
+            logger.warning("Learner.update got no samples with response tokens; nothing to do")
+            return result
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        start = time.perf_counter()
+        weighted: dict[str, float] = defaultdict(float)
+        grad_norms: list[float] = []
+        seen_tokens = 0
+        trained_tokens = 0
+        for _ in range(cfg.ppo_epochs):
+            if cfg.shuffle:
+                order = torch.randperm(len(items), generator=self._generator).tolist()
+            else:
+                order = list(range(len(items)))
+            for first in range(0, len(order), cfg.mini_batch_size):
+                mini = [items[i] for i in order[first : first + cfg.mini_batch_size]]
+                n_tokens = sum(len(s.response_ids) for s in mini)
+                self.optimizer.zero_grad(set_to_none=True)
+                stats = self.accumulate_gradients(
+                    mini, num_tokens=n_tokens, temperature=temperature
+                )
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                    self.step += 1
+                    result["steps"] += 1
+                else:
+                    logger.warning("non-finite gradient norm %s; optimizer step skipped", grad_norm)
+                    result["skipped_steps"] += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(grad_norm)
+                for name in keys:
+                    weighted[name] += stats[name] * n_tokens
+                trained_tokens += n_tokens
+                seen_tokens += sum(s.length for s in mini)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        for name in keys:
+            result[name] = weighted[name] / trained_tokens
+        result["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        result["tokens"] = float(trained_tokens)
+        result["tokens_per_s"] = seen_tokens / elapsed
+        return result
+
+    def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
+        """Weights for a rollout engine (``engine.update_weights(sd)``), HF key names.
+
+        Full fine-tuning returns the model's own (detached) tensors, which share storage
+        with the training weights: copy them before modifying. With LoRA, every adapted
+        weight is returned merged, ``W + scale * B @ A``, as a new tensor, and adapter
+        parameters are left out; the training model is not modified.
+        """
+        if not self.config.lora:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LoraLayer) and not module.merged:
+                    adapters = [a for a in module.active_adapters if a in module.lora_A]
+                    if adapters:
+                        layer: Any = module
+                        delta = [layer.get_delta_weight(a) for a in adapters]
+                        deltas[f"{name}.weight"] = torch.stack(delta).sum(dim=0)
+            merged = {}
+            for key, value in base.state_dict().items():
+                if "lora_" in key:
+                    continue
+                clean = key.replace(".base_layer.", ".")
+                tensor = value.detach()
+                if clean in deltas:
+                    tensor = tensor + deltas[clean].to(tensor.dtype)
+                merged[clean] = tensor
+        return merged
+
+    # ---- checkpoints ---------------------------------------------------------------
+
+    def _rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "shuffle": self._generator.get_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Save model (HF ``save_pretrained``; adapters only with LoRA), optimizer and RNG.
+
+        Everything is written to a temporary sibling directory that then replaces
+        ``directory`` by renames, so a crash never leaves a half-written checkpoint.
+
+        Returns:
+            The checkpoint directory.
+        """
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        old = target.with_name(f".{target.name}.old")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        self.model.save_pretrained(tmp / MODEL_DIR)
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(self._rng_state(), tmp / "rng.pt")
+        meta = {"step": self.step, "lora": self.config.lora, "config": asdict(self.config)}
+        (tmp / "learner.json").write_text(json.dumps(meta, indent=2))
+        if old.exists():
+            shutil.rmtree(old)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old.exists():
+            shutil.rmtree(old)
+        return target
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Restore a checkpoint written by :meth:`save` into this learner.
+
+        The learner must wrap the same architecture (and, with LoRA, the same base
+        weights: only adapters are stored). A checkpoint interrupted between its two
+        renames is found under its ``.old`` name.
+        """
+        path = Path(directory)
+        if not (path / "learner.json").exists():
+            fallback = path.with_name(f".{path.name}.old")
+            if not (fallback / "learner.json").exists():
+                raise FileNotFoundError(f"no learner checkpoint at {path}")
+            path = fallback
+        meta = json.loads((path / "learner.json").read_text())
+        if bool(meta["lora"]) != self.config.lora:
+            raise ValueError(
+                f"checkpoint {path} was saved with lora={meta['lora']} but this learner has "
+                f"lora={self.config.lora}; build the learner with the same setting"
+            )
+        self._load_weights(path / MODEL_DIR)
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        rng = torch.load(path / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        self._generator.set_state(rng["shuffle"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step = int(meta["step"])
+
+    def _load_weights(self, model_dir: Path) -> None:
+        from safetensors.torch import load_file
+
+        if self.config.lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(
+                self.model, load_file(model_dir / "adapter_model.safetensors")
+            )
+            unexpected = list(getattr(result, "unexpected_keys", []) or [])
+            if unexpected:
+                raise ValueError(
+                    f"adapter checkpoint {model_dir} has unexpected keys {unexpected[:5]}"
+                )
+            return
+        index = model_dir / "model.safetensors.index.json"
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            files = [model_dir / s for s in shards]
+        else:
+            files = [model_dir / "model.safetensors"]
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(file))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {model_dir} does not match the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )

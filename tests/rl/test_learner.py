@@ -1,0 +1,252 @@
+"""The embedded learner on a tiny Qwen3 model built in-process (no downloads, no tokenizer)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from mage_rl.rl.batching import Sample, pack_micro_batches
+from mage_rl.rl.learner import Learner, LearnerConfig, cpu_supports_bf16, resolve_autocast_dtype
+
+VOCAB = 128
+
+
+def make_model(seed: int = 0) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
+
+
+def random_pairs(n: int = 10, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    """Random (prompt, response) token sequences of varied lengths."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        p = int(torch.randint(2, 16, (1,), generator=g))
+        r = int(torch.randint(1, 9, (1,), generator=g))
+        pairs.append(
+            (
+                torch.randint(0, VOCAB, (p,), generator=g).tolist(),
+                torch.randint(0, VOCAB, (r,), generator=g).tolist(),
+            )
+        )
+    return pairs
+
+
+def on_policy_samples(learner: Learner, advantages: list[float], seed: int = 1) -> list[Sample]:
+    pairs = random_pairs(len(advantages), seed)
+    old = learner.compute_logprobs([(p, r, [0.0] * len(r), 0.0) for p, r in pairs])
+    return [Sample(p, r, lp, a) for (p, r), lp, a in zip(pairs, old, advantages, strict=True)]
+
+
+def manual_logprobs(
+    model: torch.nn.Module, prompt: list[int], response: list[int], temperature: float = 1.0
+) -> list[float]:
+    """Unpadded single-sequence reference: logits at position len(prompt) - 1 + j predict token j."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(response)]
+
+
+def fp32(**kwargs: object) -> LearnerConfig:
+    return LearnerConfig(dtype="fp32", **kwargs)  # type: ignore[arg-type]
+
+
+def test_logprobs_align_with_unpadded_forward() -> None:
+    learner = Learner(make_model(), fp32(micro_batch_tokens=64))
+    pairs = random_pairs(8)
+    for temperature in (1.0, 0.7):
+        got = learner.compute_logprobs([(p, r, [0.0] * len(r), 0.0) for p, r in pairs], temperature)
+        for (p, r), lp in zip(pairs, got, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(lp),
+                torch.tensor(manual_logprobs(learner.model, p, r, temperature)),
+                atol=1e-5,
+                rtol=1e-5,
+            )
+
+
+def test_on_policy_update_starts_at_ratio_one() -> None:
+    learner = Learner(make_model(), fp32(lr=1e-3, mini_batch_size=64, entropy_coef=0.0))
+    samples = on_policy_samples(learner, [1.0, -1.0, 0.5, 2.0, -0.5, 1.0])
+    stats = learner.update(samples)
+    # One mini-batch, ratio 1: pg_loss = -(token-weighted mean advantage), nothing clipped.
+    tokens = sum(len(s.response_ids) for s in samples)
+    expected = -sum(s.advantage * len(s.response_ids) for s in samples) / tokens
+    assert stats["pg_loss"] == pytest.approx(expected, abs=1e-5)
+    assert stats["clip_frac"] == 0.0
+    assert abs(stats["approx_kl"]) < 1e-6
+    assert stats["tokens"] == tokens and stats["steps"] == 1
+    assert all(math.isfinite(v) for v in stats.values())
+
+
+def test_update_changes_parameters() -> None:
+    learner = Learner(make_model(), fp32(lr=1e-3, mini_batch_size=4))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    stats = learner.update(on_policy_samples(learner, [1.0, -1.0] * 5))
+    assert stats["steps"] == 3  # ceil(10 / 4) optimizer steps
+    changed = [n for n, p in learner.model.named_parameters() if not torch.equal(p, before[n])]
+    assert len(changed) == len(before)
+    assert learner.step == 3
+
+
+def test_repeated_updates_raise_logprob_of_positive_samples() -> None:
+    learner = Learner(make_model(), fp32(lr=1e-2, entropy_coef=0.0))
+    positive = on_policy_samples(learner, [1.0] * 6, seed=3)
+    negative = on_policy_samples(learner, [-1.0] * 6, seed=4)
+    samples = positive + negative
+
+    def mean_logprob(group: list[Sample]) -> float:
+        values = learner.compute_logprobs(group)
+        return sum(map(sum, values)) / sum(map(len, values))
+
+    pos0, neg0 = mean_logprob(positive), mean_logprob(negative)
+    losses = [learner.update(samples)["pg_loss"] for _ in range(5)]
+    assert mean_logprob(positive) > pos0 + 0.1
+    assert mean_logprob(negative) < neg0 - 0.1
+    assert losses[-1] < losses[0]
+
+
+def test_micro_batches_give_the_same_gradient() -> None:
+    model = make_model()
+    config = dict(lr=1e-3, entropy_coef=0.01, kl_coef=0.1)
+    whole = Learner(copy.deepcopy(model), fp32(micro_batch_tokens=10_000, **config))
+    split = Learner(copy.deepcopy(model), fp32(micro_batch_tokens=24, **config))
+    samples = on_policy_samples(whole, [1.0, -2.0, 0.5, 3.0, -1.0, 0.25, 1.5, -0.5])
+    # Perturb old log-probs so some ratios are clipped.
+    samples = [
+        Sample(
+            s.prompt_ids,
+            s.response_ids,
+            [x + 0.3 * (-1) ** i for i, x in enumerate(s.old_logprobs)],
+            s.advantage,
+        )
+        for s in samples
+    ]
+    assert len(pack_micro_batches([s.length for s in samples], 24)) > 3
+    stats_whole = whole.accumulate_gradients(samples)
+    stats_split = split.accumulate_gradients(samples)
+    for name in ("loss", "pg_loss", "entropy", "clip_frac"):
+        assert stats_split[name] == pytest.approx(stats_whole[name], rel=1e-5, abs=1e-7)
+    for (name, a), b in zip(whole.model.named_parameters(), split.model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_lora_trains_only_adapters_and_merges() -> None:
+    learner = Learner(make_model(), fp32(lr=1e-2, lora=True, lora_r=4, lora_alpha=8, kl_coef=0.1))
+    assert learner.ref_model is None  # the reference is the base with adapters disabled
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    samples = on_policy_samples(learner, [1.0, -1.0] * 4)
+    for _ in range(2):
+        stats = learner.update(samples)
+    assert stats["kl"] > 0
+    changed = {n for n, p in learner.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+
+    # Merged weights reproduce the adapted model in a plain model of the same architecture.
+    merged = learner.state_dict_for_inference()
+    plain = make_model(seed=99)
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    ids = torch.tensor([samples[0].prompt_ids + samples[0].response_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain(input_ids=ids).logits, learner.model(input_ids=ids).logits, atol=1e-5, rtol=1e-5
+        )
+
+
+def test_kl_reference_is_a_frozen_copy() -> None:
+    learner = Learner(make_model(), fp32(lr=1e-2, kl_coef=0.1))
+    assert learner.ref_model is not None and learner.ref_model is not learner.model
+    assert not any(p.requires_grad for p in learner.ref_model.parameters())
+    samples = on_policy_samples(learner, [1.0, -1.0] * 4)
+    first = learner.update(samples)
+    second = learner.update(samples)
+    assert abs(first["kl"]) < 1e-6  # one mini-batch, policy still equal to the reference
+    assert second["kl"] > 0
+    sd = learner.state_dict_for_inference()
+    assert set(sd) == set(learner.model.state_dict())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_save_load_restores_model_optimizer_and_rng(tmp_path: Path, lora: bool) -> None:
+    config = fp32(lr=1e-2, mini_batch_size=3, lora=lora, lora_r=4)
+    learner = Learner(make_model(), config)
+    samples = on_policy_samples(learner, [1.0, -1.0, 0.5, 2.0, -0.5])
+    learner.update(samples)
+    ckpt = tmp_path / "ckpt"
+    learner.save(ckpt)
+    learner.save(ckpt)  # overwriting an existing checkpoint goes through the same renames
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+    # LoRA checkpoints hold adapters only, so the base must match; full ones hold everything.
+    restored = Learner(make_model(seed=0 if lora else 123), config)
+    restored.load(ckpt)
+    assert restored.step == learner.step
+    for (name, a), b in zip(
+        learner.model.named_parameters(), restored.model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    state_a, state_b = (
+        learner.optimizer.state_dict()["state"],
+        restored.optimizer.state_dict()["state"],
+    )
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(state_a[key][field], state_b[key][field])
+    # Same shuffling stream and optimizer moments: the next update is identical.
+    learner.update(samples)
+    restored.update(samples)
+    for a, b in zip(learner.model.parameters(), restored.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_bf16_autocast_keeps_fp32_master_weights() -> None:
+    learner = Learner(make_model(), LearnerConfig(lr=1e-3, dtype="bf16"))
+    stats = learner.update(on_policy_samples(learner, [1.0, -1.0, 0.5]))
+    assert all(math.isfinite(v) for v in stats.values())
+    assert all(p.dtype == torch.float32 for p in learner.model.parameters())
+
+
+def test_dtype_resolution(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : fpu sse avx512f amx_bf16\n")
+    assert cpu_supports_bf16(cpuinfo)
+    cpuinfo.write_text("processor : 0\nflags : fpu sse avx2\n")
+    assert not cpu_supports_bf16(cpuinfo)
+    assert not cpu_supports_bf16(tmp_path / "missing")
+    cpu = torch.device("cpu")
+    assert resolve_autocast_dtype("fp32", cpu) is None
+    assert resolve_autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert resolve_autocast_dtype("auto", cpu) == (torch.bfloat16 if cpu_supports_bf16() else None)
+
+
+def test_bad_inputs_raise() -> None:
+    learner = Learner(make_model(), fp32())
+    with pytest.raises(ValueError, match="no prompt tokens"):
+        learner.update([([], [1, 2], [-1.0, -1.0], 1.0)])
+    with pytest.raises(ValueError, match="log-probs"):
+        learner.update([([1], [1, 2], [-1.0], 1.0)])
+    with pytest.raises(TypeError, match="4-tuple"):
+        learner.update([([1], [2])])
+    assert learner.update([([1], [], [], 1.0)])["steps"] == 0  # nothing to train on
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        LearnerConfig(mini_batch_size=0)
+    with pytest.raises(ValueError, match="dtype"):
+        LearnerConfig(dtype="fp16")  # type: ignore[arg-type]
