@@ -131,6 +131,77 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- rollout and train -------------------------------------------------------------------
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from mage_rl import runtime
+    from mage_rl.config import RunConfig, load_config
+    from mage_rl.rl.rollout import summarize, write_jsonl
+
+    cfg = load_config(args.config, args.set, RunConfig)
+    engine = runtime.build_engine(cfg.policy)
+    llm = runtime.chat_model(
+        engine,
+        temperature=cfg.policy.temperature,
+        top_p=cfg.policy.top_p,
+        top_k=cfg.policy.top_k,
+        max_tokens=cfg.policy.max_tokens,
+    )
+    tasks = runtime.tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed)
+    try:
+        with Progress(console=console) as progress:
+            bar = progress.add_task(
+                "meta-episodes", total=len(tasks) * cfg.rollout.group_size
+            )
+            records = runtime.run_rollouts(
+                cfg,
+                runtime.build_graph(cfg),
+                llm,
+                tasks,
+                cfg.rollout.group_size,
+                on_done=lambda _r: progress.advance(bar),
+            )
+    finally:
+        engine.close()
+    path = write_jsonl(records, args.out)
+    console.print(json.dumps(summarize(records), indent=2))
+    console.print(f"wrote {len(records)} meta-episodes to {path}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.trainer import Trainer
+
+    cfg = load_config(args.config, args.set, TrainConfig)
+    name = cfg.train.run_name or Path(args.config).stem
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.train.out_dir) / name
+    trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+    try:
+        result = trainer.run()
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]; resume with: mage train {args.config} "
+                      f"--resume --run-dir {run_dir}")
+        return 130
+    evaluation = result.pop("eval") or {}
+    if evaluation:
+        k = cfg.meta.episodes
+        line = ", ".join(f"success@{i + 1} {v:.3f}" for i, v in enumerate(evaluation["success@k"]))
+        if "ev@k" in evaluation:
+            line += ", " + ", ".join(
+                f"ev@{i + 1} {v:+.3f}" for i, v in enumerate(evaluation["ev@k"]) if v is not None
+            )
+        console.print(f"evaluation ({evaluation['n']} meta-episodes, K={k}): {line}")
+    for key, value in result.items():
+        console.print(f"{key}: {value}")
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -172,6 +243,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_matchup)
 
+    p = sub.add_parser("rollout", help="collect meta-episodes with a config, to JSONL")
+    p.add_argument("--config", required=True, help="YAML config (env, meta, policy, rollout)")
+    p.add_argument("--out", required=True, help="output JSONL file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.set_defaults(func=_cmd_rollout)
+
+    p = sub.add_parser("train", help="train an agent with MAGE")
+    p.add_argument("config", help="YAML training config (see configs/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--run-dir", default=None, help="run folder (default: OUT_DIR/RUN_NAME)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.set_defaults(func=_cmd_train)
+
     for register in _EXTRA_PARSERS:
         register(sub)
     return parser
@@ -190,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 

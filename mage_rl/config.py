@@ -14,6 +14,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mage_rl.rl.advantages import AdvantageConfig
+from mage_rl.rl.learner import LearnerConfig
+from mage_rl.rl.returns import ReturnConfig
+
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]
 AgentKind = Literal["mage", "reflexion", "react"]
 
@@ -105,8 +109,7 @@ class RolloutConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    """A whole experiment file. Later sections (returns, advantages, learner, train)
-    are added by the training configuration."""
+    """A rollout or evaluation experiment: task, meta-episode, policy, batch size."""
 
     env: EnvConfig = Field(default_factory=EnvConfig)
     meta: MetaEpisodeConfig = Field(default_factory=MetaEpisodeConfig)
@@ -181,3 +184,69 @@ def load_config(
             lines.append(f"  {where}: {err['msg']}")
         source = f" in {path}" if path else ""
         raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None
+
+
+# -- training --------------------------------------------------------------------------
+
+# The maths and learner settings are plain dataclasses next to the code that uses them;
+# pydantic validates them in place, rejecting unknown keys as for the sections above.
+ReturnConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+AdvantageConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+LearnerConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+
+
+class EvalSection(_Strict):
+    """Periodic evaluation during training, on a fixed set of task seeds."""
+
+    every: int = Field(
+        0, ge=0, description="Evaluate every N iterations (0: only after the last one)."
+    )
+    tasks: int = Field(16, ge=0, description="Task instances per evaluation (0 disables it).")
+    seed: int = Field(
+        2026, description="Base seed of the evaluation tasks (kept apart from training seeds)."
+    )
+    temperature: float = Field(0.7, ge=0.0, description="Evaluation sampling (SPEC §6: 0.7).")
+    top_p: float = Field(0.8, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
+    top_k: int = Field(20, ge=0, description="Evaluation top-k (SPEC §6: 20).")
+
+
+class TrainSection(_Strict):
+    """The training loop."""
+
+    iterations: int = Field(10, ge=1, description="Rollout-and-update iterations.")
+    out_dir: str = Field("runs", description="Parent folder of run folders.")
+    run_name: str | None = Field(
+        None, description="Run folder name (default: the config file's stem)."
+    )
+    save_every: int = Field(1, ge=1, description="Checkpoint every N iterations (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+
+
+class TrainConfig(RunConfig):
+    """A training experiment: a rollout config plus returns, advantages, learner, loop."""
+
+    returns: ReturnConfig = Field(default_factory=ReturnConfig)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+
+    @model_validator(mode="after")
+    def _check_training(self) -> TrainConfig:
+        if self.learner.temperature != self.policy.temperature:
+            raise ValueError(
+                f"learner.temperature={self.learner.temperature} differs from "
+                f"policy.temperature={self.policy.temperature}; set them equal so the "
+                "learner's log-probs match the sampling distribution (PPO ratio 1 on-policy)"
+            )
+        if self.policy.top_p < 1.0 or self.policy.top_k > 0:
+            raise ValueError(
+                f"policy.top_p={self.policy.top_p}, policy.top_k={self.policy.top_k}: the "
+                "learner cannot reproduce truncated sampling; train with top_p: 1.0 and "
+                "top_k: 0 (evaluation sampling is set under eval:)"
+            )
+        if self.advantages.estimator == "gigpo" and self.rollout.group_size < 2:
+            raise ValueError(
+                "rollout.group_size=1 leaves GiGPO no group baseline; use group_size >= 2"
+            )
+        return self
