@@ -1,0 +1,113 @@
+"""The sampling distribution: temperature, then top-k, then top-p, renormalised.
+
+The engine samples from this distribution and records the log-probability of the drawn
+token under it; the learner's teacher-forced scoring (:mod:`mage_rl.policy.scoring`)
+calls the same function, so the two agree up to floating-point noise.
+
+1. Divide the logits by the temperature ``T``.
+2. Top-k: keep the ``k`` largest (``k == 0`` keeps all).
+3. Top-p (nucleus): on the top-k distribution renormalised, keep the smallest set of most
+   likely tokens whose mass reaches ``p``; the token that crosses ``p`` is kept. This is
+   the order of Hugging Face's logits warpers and of vLLM.
+4. ``log_softmax`` over what is left; removed tokens get ``-inf``.
+
+Greedy decoding (``T == 0``) is a point mass in principle, whose log-probability would be
+0 for every token and carry no signal. By convention the engine records instead the
+log-probability of the argmax under the *untempered, untruncated* distribution
+(``log_softmax(logits)``), and this function returns that distribution for ``T == 0``.
+Top-k and top-p are ignored when ``T == 0``.
+
+References:
+    Holtzman et al., "The Curious Case of Neural Text Degeneration" (top-p), 2020.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sampling_logprobs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float,
+    top_k: torch.Tensor | int = 0,
+    top_p: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """Log-probabilities of the distribution tokens are sampled from.
+
+    Args:
+        logits: Raw next-token logits, shape ``(N, V)``.
+        temperature: ``(N,)`` or a scalar; 0 selects the greedy convention (see module
+            docstring).
+        top_k: ``(N,)`` or a scalar; 0 disables top-k.
+        top_p: ``(N,)`` or a scalar in ``(0, 1]``; 1 disables top-p.
+
+    Returns:
+        Float32 log-probabilities, shape ``(N, V)``; truncated tokens are ``-inf``.
+    """
+    logits = logits.float()
+    n, vocab = logits.shape
+    temperature = _as_row_tensor(temperature, n, torch.float32, logits.device)
+    top_k = _as_row_tensor(top_k, n, torch.long, logits.device)
+    top_p = _as_row_tensor(top_p, n, torch.float32, logits.device)
+
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    truncate = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)
+    truncate &= ~greedy
+    if bool(truncate.any()):
+        scaled = _truncate(scaled, top_k, top_p, truncate)
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def _truncate(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Mask to ``-inf`` what top-k and top-p remove, on the rows flagged in ``rows``."""
+    vocab = scaled.shape[-1]
+    # A stable sort breaks exact ties by token id, so the engine and the scorer keep the
+    # same set even when logits tie at the boundary.
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # (N, V)
+    rank = torch.arange(vocab, device=scaled.device)[None, :]  # (1, V)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    remove = rank >= k[:, None]  # (N, V), in sorted order
+    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumsum: keeps the crossing token
+    remove |= mass_before >= top_p[:, None]
+    remove &= rows[:, None]
+    mask = torch.zeros_like(remove).scatter(-1, order, remove)  # back to vocabulary order
+    return scaled.masked_fill(mask, float("-inf"))
+
+
+def _as_row_tensor(
+    value: torch.Tensor | float | int, n: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        value = value.to(device=device, dtype=dtype)
+        return value.expand(n) if value.dim() == 0 else value
+    return torch.full((n,), value, dtype=dtype, device=device)
+
+
+def draw(
+    logprobs: torch.Tensor,
+    greedy: list[bool],
+    generators: list[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return it with its recorded log-probability.
+
+    Args:
+        logprobs: Output of :func:`sampling_logprobs`, shape ``(N, V)``.
+        greedy: Per row, whether to take the argmax instead of sampling.
+        generators: One generator per row, so that a request's draws depend only on its
+            own seed, not on which other requests share the batch.
+
+    Returns:
+        ``(tokens, token_logprobs)``, each of shape ``(N,)``.
+    """
+    tokens = torch.empty(logprobs.shape[0], dtype=torch.long, device=logprobs.device)
+    probs = logprobs.exp()
+    for i, generator in enumerate(generators):
+        if greedy[i]:
+            tokens[i] = torch.argmax(logprobs[i])
+        else:
+            tokens[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,282 @@
+"""LocalEngine on the tiny model: batching, log-prob fidelity, stops, seeds, weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from mage_rl.policy.base import Generation, Policy, SamplingParams
+from mage_rl.policy.engine import EngineClosedError, LocalEngine
+from mage_rl.policy.scoring import teacher_forced_logprobs
+from mage_rl.policy.tiny import build_tiny
+
+
+def chat(n_words: int, tag: str = "") -> list[dict[str, str]]:
+    """A chat whose prompt length grows with ``n_words``."""
+    words = " ".join(["bet", "pass", "card", "king"] * n_words)[: 6 * n_words]
+    return [
+        {"role": "system", "content": "You are player 0 in Kuhn Poker."},
+        {"role": "user", "content": f"{tag}{words} Reply with <action>PASS</action>."},
+    ]
+
+
+async def gather(engine: LocalEngine, chats, params) -> list[Generation]:
+    if isinstance(params, SamplingParams):
+        params = [params] * len(chats)
+    return await asyncio.gather(
+        *(engine.generate(c, p) for c, p in zip(chats, params, strict=True))
+    )
+
+
+def assert_decodes_to_text(tokenizer, generation: Generation) -> None:
+    # The engine's invariant: response ids decode (special tokens skipped) to the text.
+    assert tokenizer.decode(generation.response_ids, skip_special_tokens=True) == generation.text
+
+
+def assert_logprobs_match(model, generation: Generation, params: SamplingParams) -> float:
+    with torch.no_grad():
+        recomputed = teacher_forced_logprobs(
+            model,
+            generation.prompt_ids,
+            generation.response_ids,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+        )
+    recorded = torch.tensor(generation.logprobs)
+    gap = (recomputed - recorded).abs().max().item()
+    assert gap < 1e-3, gap
+    return gap
+
+
+def test_engine_is_a_policy(engine) -> None:
+    assert isinstance(engine, Policy)
+    assert engine.name == "tiny"
+
+
+def test_concurrent_requests_share_one_batch_and_logprobs_match_teacher_forcing(
+    tiny, engine
+) -> None:
+    model, tokenizer = tiny
+    chats = [chat(n) for n in (1, 3, 6, 10, 15, 21)]  # different lengths -> left padding
+    params = [SamplingParams(temperature=1.0, max_tokens=12 + 3 * i, seed=i) for i in range(6)]
+    generations = asyncio.run(gather(engine, chats, params))
+
+    assert engine.stats.batches == 1 and engine.stats.largest_batch == 6
+    # One prefill gives the first token, then one forward pass per step for the whole batch.
+    assert engine.stats.forward_passes == max(len(g.response_ids) for g in generations)
+    assert len({len(g.prompt_ids) for g in generations}) == 6
+    for generation, p in zip(generations, params, strict=True):
+        assert generation.has_tokens
+        assert 1 <= len(generation.response_ids) <= p.max_tokens
+        assert generation.finish_reason in ("stop", "length")
+        assert_decodes_to_text(tokenizer, generation)
+        assert_logprobs_match(model, generation, p)
+
+
+def test_truncated_sampling_logprobs_match_teacher_forcing(tiny, engine) -> None:
+    model, tokenizer = tiny
+    params = [
+        SamplingParams(temperature=0.7, top_k=5, max_tokens=16, seed=1),
+        SamplingParams(temperature=1.3, top_p=0.8, max_tokens=16, seed=2),
+        SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=16, seed=3),
+        SamplingParams(temperature=0.0, max_tokens=16),
+    ]
+    generations = asyncio.run(gather(engine, [chat(n) for n in (2, 5, 8, 11)], params))
+    assert engine.stats.batches == 1
+    for generation, p in zip(generations, params, strict=True):
+        assert_decodes_to_text(tokenizer, generation)
+        assert_logprobs_match(model, generation, p)
+        assert all(lp <= 0.0 for lp in generation.logprobs)
+
+
+def test_max_tokens_gives_length(engine) -> None:
+    # Greedy on this prompt emits no EOS within 40 tokens (see the stop-string test).
+    generation = engine.generate_sync(chat(4), SamplingParams(temperature=0, max_tokens=5))
+    assert len(generation.response_ids) == 5
+    assert generation.finish_reason == "length"
+
+
+def test_stop_string_ends_response_at_the_completing_token(tiny, engine) -> None:
+    _, tokenizer = tiny
+    full = engine.generate_sync(chat(4), SamplingParams(temperature=0, max_tokens=40))
+    assert full.finish_reason == "length"
+    # Pick a stop string from the middle of the greedy text (ASCII, so byte-level
+    # decoding of a token prefix is a text prefix).
+    stop = next(
+        full.text[i : i + 2]
+        for i in range(8, len(full.text) - 2)
+        if full.text[i : i + 2].isascii() and full.text[i : i + 2].strip()
+    )
+    stopped = engine.generate_sync(
+        chat(4), SamplingParams(temperature=0, max_tokens=40, stop=("zzzz-never", stop))
+    )
+    assert stopped.finish_reason == "stop"
+    assert stop in stopped.text
+    n = len(stopped.response_ids)
+    assert stopped.response_ids == full.response_ids[:n]
+    # The last token completes the stop string: without it, no stop string yet.
+    assert stop not in tokenizer.decode(stopped.response_ids[:-1], skip_special_tokens=True)
+    assert_decodes_to_text(tokenizer, stopped)
+    assert stopped.logprobs == pytest.approx(full.logprobs[:n], abs=1e-5)
+
+
+def test_eos_is_in_response_ids_but_not_in_text(fresh_tiny) -> None:
+    model, tokenizer = fresh_tiny
+    eos = tokenizer.eos_token_id
+    bias = torch.zeros(len(tokenizer))
+    bias[eos] = 3.0  # make EOS likely but not certain, so sequences end at different steps
+    model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+    params = [SamplingParams(max_tokens=60, seed=s) for s in range(8)]
+    with LocalEngine(model, tokenizer) as engine:
+        generations = asyncio.run(gather(engine, [chat(3)] * 8, params))
+    ended = [g for g in generations if g.response_ids[-1] == eos]
+    assert ended, "the EOS bias should end some responses"
+    assert len({len(g.response_ids) for g in generations}) > 1  # rows left at different steps
+    for generation in ended:
+        assert generation.finish_reason == "stop"
+        assert eos not in generation.response_ids[:-1]
+        assert "<|im_end|>" not in generation.text
+        assert_decodes_to_text(tokenizer, generation)
+        assert_logprobs_match(model, generation, params[0])
+
+
+def test_same_seed_same_output_alone_and_in_the_same_batch(engine) -> None:
+    params = SamplingParams(max_tokens=20, seed=123)
+    first = engine.generate_sync(chat(5), params)
+    again = engine.generate_sync(chat(5), params)
+    assert first == again
+
+    chats = [chat(n) for n in (2, 5, 9)]
+    seeded = [SamplingParams(max_tokens=20, seed=s) for s in (1, 2, 3)]
+    batch_a = asyncio.run(gather(engine, chats, seeded))
+    batch_b = asyncio.run(gather(engine, chats, seeded))
+    assert batch_a == batch_b
+    # Different seeds draw differently.
+    assert (
+        len({tuple(g.response_ids) for g in asyncio.run(gather(engine, [chat(5)] * 3, seeded))}) > 1
+    )
+
+
+def test_unseeded_requests_follow_the_engine_seed(tiny) -> None:
+    model, tokenizer = tiny
+    outputs = []
+    for _ in range(2):
+        with LocalEngine(model, tokenizer, seed=5) as engine:
+            outputs.append(
+                [engine.generate_sync(chat(3), SamplingParams(max_tokens=10)) for _ in range(3)]
+            )
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] != outputs[0][1]
+
+
+def test_top_k_one_samples_the_greedy_tokens(tiny, engine) -> None:
+    model, _ = tiny
+    greedy = engine.generate_sync(chat(6), SamplingParams(temperature=0, max_tokens=25))
+    top1 = engine.generate_sync(
+        chat(6), SamplingParams(temperature=1.0, top_k=1, max_tokens=25, seed=9)
+    )
+    assert top1.response_ids == greedy.response_ids
+    # Top-1 is a point mass (log-prob 0); greedy records the untempered log-prob instead.
+    assert top1.logprobs == [0.0] * len(top1.logprobs)
+    with torch.no_grad():
+        untempered = teacher_forced_logprobs(model, greedy.prompt_ids, greedy.response_ids)
+    assert greedy.logprobs == pytest.approx(untempered.tolist(), abs=1e-4)
+
+
+def test_unbatched_mode_decodes_one_at_a_time_with_the_same_greedy_output(tiny, engine) -> None:
+    model, tokenizer = tiny
+    chats = [chat(n) for n in (1, 4, 7)]
+    greedy = SamplingParams(temperature=0, max_tokens=15)
+    batched = asyncio.run(gather(engine, chats, greedy))
+    with LocalEngine(model, tokenizer, batched=False) as single:
+        one_by_one = asyncio.run(gather(single, chats, greedy))
+        assert single.stats.largest_batch == 1 and single.stats.batches == 3
+    assert [g.response_ids for g in one_by_one] == [g.response_ids for g in batched]
+    for a, b in zip(one_by_one, batched, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_event_loop_stays_responsive_while_decoding(engine) -> None:
+    async def main() -> int:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(ticker())
+        await gather(engine, [chat(4)] * 4, SamplingParams(max_tokens=150, seed=0))
+        done.set()
+        await task
+        return ticks
+
+    assert asyncio.run(main()) >= 10
+
+
+def test_cancelled_request_does_not_disturb_the_batch(engine) -> None:
+    async def main() -> Generation:
+        doomed = asyncio.create_task(engine.generate(chat(2), SamplingParams(max_tokens=100)))
+        kept = asyncio.create_task(engine.generate(chat(3), SamplingParams(max_tokens=30, seed=1)))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        return await kept
+
+    assert len(asyncio.run(main()).response_ids) >= 1
+
+
+def test_update_weights_swaps_models_and_casts_dtype() -> None:
+    model_a, tokenizer = build_tiny(seed=0, dtype=torch.bfloat16)
+    model_b, _ = build_tiny(seed=1)  # fp32, as a learner would hold it
+    reference_b, _ = build_tiny(seed=1, dtype=torch.bfloat16)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    with LocalEngine(model_a, tokenizer) as engine, LocalEngine(reference_b, tokenizer) as ref:
+        before = engine.generate_sync(chat(3), greedy)
+        engine.update_weights(model_b.state_dict())
+        assert engine.weight_version == 1
+        assert engine.model.model.embed_tokens.weight.dtype == torch.bfloat16
+        after = engine.generate_sync(chat(3), greedy)
+        assert after == ref.generate_sync(chat(3), greedy)
+        assert after.response_ids != before.response_ids
+
+
+def test_update_weights_rejects_unknown_and_missing_names(fresh_tiny) -> None:
+    model, tokenizer = fresh_tiny
+    engine = LocalEngine(model, tokenizer)
+    state = model.state_dict()
+    with pytest.raises(KeyError, match="does not have"):
+        engine.update_weights({**state, "bogus.weight": torch.zeros(1)})
+    partial = {k: v for k, v in state.items() if "layers.0." not in k}
+    with pytest.raises(KeyError, match="missing"):
+        engine.update_weights(partial)
+    engine.update_weights(partial, strict=False)
+    assert engine.weight_version == 1
+
+
+def test_generate_sync_works_inside_a_running_loop(engine) -> None:
+    async def main() -> Generation:
+        return engine.generate_sync(chat(2), SamplingParams(max_tokens=4, seed=0))
+
+    assert len(asyncio.run(main()).response_ids) >= 1
+
+
+def test_prompt_longer_than_context_is_rejected(tiny) -> None:
+    model, tokenizer = tiny
+    with LocalEngine(model, tokenizer) as engine:
+        engine.max_context = 16
+        with pytest.raises(ValueError, match="context"):
+            engine.generate_sync(chat(10))
+
+
+def test_closed_engine_refuses_requests(tiny) -> None:
+    model, tokenizer = tiny
+    engine = LocalEngine(model, tokenizer)
+    engine.generate_sync(chat(1), SamplingParams(max_tokens=2))
+    engine.close()
+    with pytest.raises(EngineClosedError):
+        engine.generate_sync(chat(1))
