@@ -153,9 +153,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     tasks = runtime.tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed)
     try:
         with Progress(console=console) as progress:
-            bar = progress.add_task(
-                "meta-episodes", total=len(tasks) * cfg.rollout.group_size
-            )
+            bar = progress.add_task("meta-episodes", total=len(tasks) * cfg.rollout.group_size)
             records = runtime.run_rollouts(
                 cfg,
                 runtime.build_graph(cfg),
@@ -185,8 +183,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         result = trainer.run()
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]; resume with: mage train {args.config} "
-                      f"--resume --run-dir {run_dir}")
+        console.print(
+            f"[yellow]interrupted[/yellow]; resume with: mage train {args.config} "
+            f"--resume --run-dir {run_dir}"
+        )
         return 130
     evaluation = result.pop("eval") or {}
     if evaluation:

@@ -78,8 +78,9 @@ class PolicyConfig(_Strict):
     """The model and how it samples."""
 
     model: str = Field(
-        "smollm2", description="tiny (in-process test model), smollm2 (embedded default) "
-        "or a path to an HF causal-LM directory or checkpoint."
+        "smollm2",
+        description="tiny (in-process test model), smollm2 (embedded default) "
+        "or a path to an HF causal-LM directory or checkpoint.",
     )
     dtype: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto uses bf16 where the CPU supports it, else fp32."
@@ -220,6 +221,14 @@ class TrainSection(_Strict):
     )
     save_every: int = Field(1, ge=1, description="Checkpoint every N iterations (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="PPO's old log-probs: 'never' uses the sampler's recorded ones (exact "
+        "only when the engine samples in fp32); 'always' recomputes them with the learner's "
+        "own forward pass (one extra pass, as OpenRLHF and verl do); 'auto' recomputes "
+        "when the engine does not sample in fp32 (bf16 sampling differs by up to ~0.4 nats "
+        "per token from a fresh pass, enough to trigger PPO clipping on-policy).",
+    )
 
 
 class TrainConfig(RunConfig):

@@ -77,9 +77,7 @@ class MetaEpisodeGraph:
         # Each play turn is two super-steps (play, env_step); leave ample room.
         per_episode = 2 * env.max_turns + 4
         limit = self.options.num_episodes * per_episode + 10
-        return await self.compiled.ainvoke(
-            {}, context=context, config={"recursion_limit": limit}
-        )
+        return await self.compiled.ainvoke({}, context=context, config={"recursion_limit": limit})
 
     def mermaid(self) -> str:
         """The graph's topology as Mermaid text (pinned by a snapshot test)."""

@@ -101,9 +101,7 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     return {"pending": asdict(pending)}
 
 
-async def env_step(
-    state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]
-) -> dict[str, Any]:
+async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) -> dict[str, Any]:
     """Apply the pending response to the environment and record the finished turn."""
     ctx = runtime.context
     turn = dict(state["pending"] or {})

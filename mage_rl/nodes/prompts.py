@@ -15,8 +15,7 @@ from dataclasses import dataclass
 Message = dict[str, str]
 
 STYLE_DIRECT = (
-    "Think briefly if you need to, then give your answer inside the tags. "
-    "Only the last tag counts."
+    "Think briefly if you need to, then give your answer inside the tags. Only the last tag counts."
 )
 STYLE_REACT = (
     "First write one line that starts with 'Thought:' and reasons about the state, then "

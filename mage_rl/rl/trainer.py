@@ -18,6 +18,7 @@ A run folder holds ``config.yaml``, ``metrics.jsonl``, ``tb/``, ``checkpoints/it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from mage_rl.config import TrainConfig
@@ -95,6 +97,9 @@ class Trainer:
         self.learner = Learner(model, cfg.learner)
         engine_model, _ = load_model(cfg.policy.model, dtype=cfg.policy.dtype)
         self.engine = runtime.build_engine(cfg.policy, engine_model, self.tokenizer)
+        mode = cfg.train.recompute_old_logprobs
+        engine_fp32 = next(engine_model.parameters()).dtype == torch.float32
+        self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not engine_fp32)
         self.start_iteration = 0
         if checkpoint is not None:
             self.learner.load(checkpoint)
@@ -125,7 +130,9 @@ class Trainer:
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
         from mage_rl import runtime
 
-        tasks = runtime.tasks_for(self.cfg, self.cfg.rollout.tasks, self.cfg.rollout.seed, iteration)
+        tasks = runtime.tasks_for(
+            self.cfg, self.cfg.rollout.tasks, self.cfg.rollout.seed, iteration
+        )
         return runtime.run_rollouts(
             self.cfg, self.graph, self.train_llm, tasks, self.cfg.rollout.group_size, on_done
         )
@@ -133,6 +140,12 @@ class Trainer:
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
         advantages = compute_advantages(records, self.cfg.returns, self.cfg.advantages)
         samples = samples_from_records(records, advantages)
+        if self.recompute_old_logprobs:
+            fresh = self.learner.compute_logprobs(samples)
+            samples = [
+                dataclasses.replace(s, old_logprobs=lp)
+                for s, lp in zip(samples, fresh, strict=True)
+            ]
         stats = self.learner.update(samples)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         return stats
@@ -210,7 +223,9 @@ class Trainer:
                         f"loss {stats['loss']:+.3f}"
                     )
                     progress.update(it_bar, advance=1, info=info)
-            if cfg.eval.tasks and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every):
+            if cfg.eval.tasks and (
+                last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every
+            ):
                 last_eval = self.evaluate(self.iteration)
                 self.metrics.log(self.iteration, flatten_summary(last_eval, "eval"))
         except KeyboardInterrupt:

@@ -19,7 +19,15 @@ CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 def run_dir(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("runs") / "kuhn_tiny"
     code = main(
-        ["train", str(CONFIG), "--set", "train.iterations=2", "--run-dir", str(run), "--no-progress"]
+        [
+            "train",
+            str(CONFIG),
+            "--set",
+            "train.iterations=2",
+            "--run-dir",
+            str(run),
+            "--no-progress",
+        ]
     )
     assert code == 0
     return run
@@ -45,7 +53,9 @@ def test_training_changed_the_weights(run_dir: Path) -> None:
     initial, _ = load_model("tiny", dtype="fp32")
     trained = load_file(run_dir / "checkpoints" / "iter_000002" / "model" / "model.safetensors")
     changed = [
-        k for k, v in initial.state_dict().items() if k in trained and not torch.equal(v, trained[k])
+        k
+        for k, v in initial.state_dict().items()
+        if k in trained and not torch.equal(v, trained[k])
     ]
     assert changed
 
@@ -70,7 +80,9 @@ def test_resume_continues_from_the_saved_step_with_optimizer_state(run_dir: Path
     # AdamW's step counter went on from the saved state instead of restarting at 0.
     step_before = float(next(iter(opt_before["state"].values()))["step"])
     step_after = float(next(iter(opt_after["state"].values()))["step"])
-    learner_steps = json.loads((run_dir / "checkpoints" / "iter_000003" / "learner.json").read_text())
+    learner_steps = json.loads(
+        (run_dir / "checkpoints" / "iter_000003" / "learner.json").read_text()
+    )
     assert step_after > step_before >= 2
     assert learner_steps["step"] == step_after
     assert not (run_dir / "checkpoints" / "iter_000001").exists()  # keep_checkpoints: 2
