@@ -138,10 +138,15 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from mage_rl import runtime
-    from mage_rl.config import RunConfig, load_config
+    import yaml
+
+    from mage_rl.config import RunConfig, TrainConfig, load_config
     from mage_rl.rl.rollout import summarize, write_jsonl
 
-    cfg = load_config(args.config, args.set, RunConfig)
+    # A training config is a rollout config with more sections; accept both.
+    raw = yaml.safe_load(open(args.config)) or {}
+    training = {"returns", "advantages", "learner", "eval", "train"} & set(raw)
+    cfg = load_config(args.config, args.set, TrainConfig if training else RunConfig)
     engine = runtime.build_engine(cfg.policy)
     llm = runtime.chat_model(
         engine,

@@ -226,7 +226,7 @@ class TrainSection(_Strict):
         description="PPO's old log-probs: 'never' uses the sampler's recorded ones (exact "
         "only when the engine samples in fp32); 'always' recomputes them with the learner's "
         "own forward pass (one extra pass, as OpenRLHF and verl do); 'auto' recomputes "
-        "when the engine does not sample in fp32 (bf16 sampling differs by up to ~0.4 nats "
+        "unless both the engine and the learner compute in fp32 (bf16 sampling differs by up to ~0.4 nats "
         "per token from a fresh pass, enough to trigger PPO clipping on-policy).",
     )
 

@@ -97,9 +97,14 @@ class Trainer:
         self.learner = Learner(model, cfg.learner)
         engine_model, _ = load_model(cfg.policy.model, dtype=cfg.policy.dtype)
         self.engine = runtime.build_engine(cfg.policy, engine_model, self.tokenizer)
+        # The recorded log-probs are exact old log-probs only when sampler and learner
+        # compute in the same precision, i.e. both in fp32 (see docs/policy.md).
         mode = cfg.train.recompute_old_logprobs
-        engine_fp32 = next(engine_model.parameters()).dtype == torch.float32
-        self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not engine_fp32)
+        exact = (
+            next(engine_model.parameters()).dtype == torch.float32
+            and self.learner.autocast_dtype is None
+        )
+        self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
         self.start_iteration = 0
         if checkpoint is not None:
             self.learner.load(checkpoint)

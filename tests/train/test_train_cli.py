@@ -112,3 +112,14 @@ def test_bad_config_names_the_key(override: str, message: str) -> None:
 def test_cli_reports_bad_config(capsys) -> None:
     assert main(["train", str(CONFIG), "--set", "meta.episodez=2"]) == 2
     assert "meta.episodez" in capsys.readouterr().out
+
+
+def test_rollout_cli_writes_jsonl(tmp_path) -> None:
+    from mage_rl.rl.rollout import read_jsonl
+
+    out = tmp_path / "r.jsonl"
+    assert main(["rollout", "--config", str(CONFIG), "--out", str(out),
+                 "--set", "rollout.tasks=1", "--set", "rollout.group_size=2"]) == 0  # fmt: skip
+    records = read_jsonl(out)
+    assert len(records) == 2 and records[0].uid == records[1].uid
+    assert all(t.response_ids for r in records for t in r.turns)

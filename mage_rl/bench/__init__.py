@@ -1,0 +1,17 @@
+"""Benchmarks: throughput figures measured as ratios within one run on one machine.
+
+* :func:`bench_rollout`: meta-episodes through the real graph and local engine, with
+  requests batched across concurrent meta-episodes versus decoded one at a time.
+* :func:`bench_learner`: PPO-update throughput of the embedded learner per forward dtype.
+
+Absolute numbers depend on the machine and on whatever else runs on it; the ratios,
+measured back to back in one process, are the claims. ``docs/benchmarks.md`` records
+measured figures and the command that produced them.
+"""
+
+from __future__ import annotations
+
+from mage_rl.bench.learner import bench_learner, format_learner_report
+from mage_rl.bench.rollout import bench_rollout, format_rollout_report
+
+__all__ = ["bench_learner", "bench_rollout", "format_learner_report", "format_rollout_report"]

@@ -1,0 +1,193 @@
+"""Learner throughput: PPO updates per forward-pass dtype (bf16 autocast versus fp32).
+
+What it measures, per dtype:
+
+1. Load a fresh copy of the model and wrap it in a
+   :class:`~mage_rl.rl.learner.Learner` whose forward pass runs in that dtype (master
+   weights and AdamW stay float32 in both cases). The optimization settings follow
+   ``configs/kuhn_smollm2.yaml``: a KL term to a reference copy (one extra no-grad
+   forward pass per micro-batch), the entropy bonus, one optimizer step per update.
+2. Build synthetic samples: random token ids of realistic lengths (a Kuhn play prompt of
+   SmolLM2 is about 300 tokens, a response up to 32-64), random advantages, and
+   old log-probs computed by the learner itself, so the PPO ratio starts at 1 and the
+   update does the same work as on fresh rollouts. Every dtype trains on the same ids.
+3. Run one warm-up update (first-call kernel set-up, optimizer state allocation), then
+   ``repeats`` timed updates; report prompt-plus-response tokens through the learner per
+   second over the timed ones.
+
+The ratio bf16 / fp32 of tokens per second is the claim. bf16 only pays off on CPUs with
+native bf16 instructions (``avx512_bf16``/``amx_bf16``); elsewhere it is emulated.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("auto", "bf16", "fp32")
+
+
+def bench_learner(
+    model: str = "smollm2",
+    dtypes: Sequence[str] = ("bf16", "fp32"),
+    samples: int = 16,
+    prompt_len: int = 300,
+    response_len: int = 40,
+    seed: int = 0,
+    repeats: int = 2,
+    kl_coef: float = 0.1,
+    micro_batch_tokens: int = 8192,
+) -> dict[str, Any]:
+    """Time :meth:`~mage_rl.rl.learner.Learner.update` on synthetic samples per dtype.
+
+    Args:
+        model: Model spec for :func:`~mage_rl.policy.models.load_model`.
+        dtypes: Forward-pass dtypes to compare (``bf16``, ``fp32``, ``auto``), in order.
+        samples: Samples per update (one mini-batch, so one optimizer step).
+        prompt_len: Prompt tokens per sample.
+        response_len: Response tokens per sample (the trained ones).
+        seed: Seed of the synthetic ids and advantages and of the learner's shuffling.
+        repeats: Timed updates per dtype, after one untimed warm-up update.
+        kl_coef: KL weight; above 0 the learner keeps a reference copy and runs one more
+            forward pass per micro-batch (training configs use 0.1).
+        micro_batch_tokens: Padded tokens per forward pass (training config: 8192).
+
+    Returns:
+        ``{"config": {...}, "dtypes": {dtype: {...}}, "ratios": {...}}``. Each dtype has
+        ``autocast`` (the resolved autocast dtype or ``float32``), ``tokens_per_update``,
+        ``warmup_s``, ``update_s`` (mean of the timed updates), ``tokens_per_s``,
+        ``approx_kl`` and ``clip_frac`` of the warm-up update (about 0: the ratio
+        starts at 1). ``ratios["bf16/fp32"]`` of ``tokens_per_s`` is there when both ran.
+
+    Raises:
+        ValueError: On an unknown dtype or a non-positive size.
+    """
+    import torch
+
+    from mage_rl.policy.models import load_model
+    from mage_rl.rl.batching import Sample
+    from mage_rl.rl.learner import Learner, LearnerConfig
+
+    dtypes = tuple(dtypes)
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes or len(set(dtypes)) != len(dtypes):
+        raise ValueError(f"dtypes={list(dtypes)}: give distinct values among {list(DTYPES)}")
+    for name, value in (
+        ("samples", samples),
+        ("prompt_len", prompt_len),
+        ("response_len", response_len),
+        ("repeats", repeats),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+    ids: list[tuple[list[int], list[int], float]] | None = None
+    results: dict[str, dict[str, Any]] = {}
+    for dtype in dtypes:
+        # A fresh fp32 copy per dtype: the learner trains in place and keeps fp32 master
+        # weights anyway, so every dtype starts from the same weights.
+        lm, _ = load_model(model, dtype="fp32")
+        if ids is None:
+            ids = _synthetic_ids(lm.config.vocab_size, samples, prompt_len, response_len, seed)
+        learner = Learner(
+            lm,
+            LearnerConfig(
+                lr=1e-6,
+                kl_coef=kl_coef,
+                mini_batch_size=samples,
+                micro_batch_tokens=micro_batch_tokens,
+                dtype=dtype,  # type: ignore[arg-type]  # checked against DTYPES above
+                seed=seed,
+            ),
+        )
+        unscored = [Sample(p, r, [0.0] * len(r), a) for p, r, a in ids]
+        old = learner.compute_logprobs(unscored)
+        batch = [Sample(p, r, lp, a) for (p, r, a), lp in zip(ids, old, strict=True)]
+        tokens = sum(s.length for s in batch)
+
+        logger.info("bench learner %s: warm-up update of %d tokens", dtype, tokens)
+        start = time.perf_counter()
+        warm = learner.update(batch)
+        warmup_s = time.perf_counter() - start
+        timings = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            learner.update(batch)
+            timings.append(time.perf_counter() - start)
+        update_s = sum(timings) / len(timings)
+        autocast = learner.autocast_dtype
+        results[dtype] = {
+            "autocast": str(autocast or torch.float32).removeprefix("torch."),
+            "tokens_per_update": tokens,
+            "warmup_s": warmup_s,
+            "update_s": update_s,
+            "tokens_per_s": tokens / update_s,
+            "approx_kl": warm["approx_kl"],
+            "clip_frac": warm["clip_frac"],
+        }
+        logger.info("bench learner %s: %.1f tokens/s", dtype, results[dtype]["tokens_per_s"])
+        del learner, lm, batch
+        gc.collect()
+
+    ratios = {}
+    if "bf16" in results and "fp32" in results:
+        ratios["bf16/fp32"] = results["bf16"]["tokens_per_s"] / results["fp32"]["tokens_per_s"]
+    return {
+        "config": {
+            "model": model,
+            "samples": samples,
+            "prompt_len": prompt_len,
+            "response_len": response_len,
+            "seed": seed,
+            "repeats": repeats,
+            "kl_coef": kl_coef,
+            "micro_batch_tokens": micro_batch_tokens,
+            "torch_threads": torch.get_num_threads(),
+        },
+        "dtypes": results,
+        "ratios": ratios,
+    }
+
+
+def _synthetic_ids(
+    vocab_size: int, samples: int, prompt_len: int, response_len: int, seed: int
+) -> list[tuple[list[int], list[int], float]]:
+    """``(prompt_ids, response_ids, advantage)`` per sample: uniform ids, normal advantages."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab_size, (samples, prompt_len), generator=gen)
+    responses = torch.randint(0, vocab_size, (samples, response_len), generator=gen)
+    advantages = torch.randn(samples, generator=gen)
+    return [
+        (prompts[i].tolist(), responses[i].tolist(), float(advantages[i])) for i in range(samples)
+    ]
+
+
+def format_learner_report(result: dict[str, Any]) -> str:
+    """A markdown table of :func:`bench_learner`'s result, one row per dtype, then the ratio."""
+    cfg = result["config"]
+    lines = [
+        f"Learner: model {cfg['model']}, {cfg['samples']} samples of {cfg['prompt_len']} + "
+        f"{cfg['response_len']} tokens per update, kl_coef {cfg['kl_coef']}, "
+        f"{cfg['repeats']} timed updates after a warm-up, {cfg['torch_threads']} torch threads",
+        "",
+        "| dtype | autocast | tokens/update | warm-up s | s/update | tokens/s | approx KL "
+        "| clip frac |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for dtype, d in result["dtypes"].items():
+        lines.append(
+            f"| {dtype} | {d['autocast']} | {d['tokens_per_update']} | {d['warmup_s']:.1f} "
+            f"| {d['update_s']:.1f} | {d['tokens_per_s']:.0f} | {d['approx_kl']:.1e} "
+            f"| {d['clip_frac']:.3f} |"
+        )
+    ratios = result.get("ratios") or {}
+    if "bf16/fp32" in ratios:
+        lines += ["", f"bf16 / fp32: {ratios['bf16/fp32']:.2f}x tokens/s."]
+    return "\n".join(lines)
