@@ -183,7 +183,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set, TrainConfig)
     name = cfg.train.run_name or Path(args.config).stem
-    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.train.out_dir) / name
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+    else:
+        run_dir = Path(cfg.train.out_dir) / name
+        # A fresh run never lands on an old one: runs/NAME, runs/NAME-2, runs/NAME-3, ...
+        n = 1
+        while not args.resume and (run_dir / "metrics.jsonl").exists():
+            n += 1
+            run_dir = Path(cfg.train.out_dir) / f"{name}-{n}"
     trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
     try:
         result = trainer.run()

@@ -25,7 +25,10 @@ import gc
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mage_rl.rl.learner import DType
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ DTYPES = ("auto", "bf16", "fp32")
 
 def bench_learner(
     model: str = "smollm2",
-    dtypes: Sequence[str] = ("bf16", "fp32"),
+    dtypes: Sequence[DType] = ("bf16", "fp32"),
     samples: int = 16,
     prompt_len: int = 300,
     response_len: int = 40,
@@ -101,7 +104,7 @@ def bench_learner(
                 kl_coef=kl_coef,
                 mini_batch_size=samples,
                 micro_batch_tokens=micro_batch_tokens,
-                dtype=dtype,  # type: ignore[arg-type]  # checked against DTYPES above
+                dtype=dtype,
                 seed=seed,
             ),
         )

@@ -247,6 +247,9 @@ class Trainer:
             "checkpoint": str(checkpoint / "model") if checkpoint else None,
             "metrics": str(self.run_dir / "metrics.jsonl"),
             "tensorboard": str(self.run_dir / "tb"),
+            "report": str(self.run_dir / "eval" / f"iter_{self.iteration:06d}.json")
+            if last_eval
+            else None,
             "eval": last_eval,
         }
 
