@@ -77,7 +77,10 @@ class MetaEpisodeGraph:
         # Each play turn is two super-steps (play, env_step); leave ample room.
         per_episode = 2 * env.max_turns + 4
         limit = self.options.num_episodes * per_episode + 10
-        return await self.compiled.ainvoke({}, context=context, config={"recursion_limit": limit})
+        empty: MetaEpisodeState = {"memory": [], "history": [], "episodes": [], "turns": []}
+        return await self.compiled.ainvoke(
+            empty, context=context, config={"recursion_limit": limit}
+        )
 
     def mermaid(self) -> str:
         """The graph's topology as Mermaid text (pinned by a snapshot test)."""

@@ -63,7 +63,7 @@ def test_reflect_turn_without_remark_is_invalid_and_adds_no_memory() -> None:
     state = _run(graph, make_env("kuhn", "kuhn:aggressive", seat=0), llm)
     reflect = [t for t in state["turns"] if t["kind"] == "reflect"]
     assert len(reflect) == 1 and reflect[0]["invalid"]
-    assert state.get("memory", []) == []
+    assert state["memory"] == []
 
 
 def test_stop_on_success_ends_after_a_win() -> None:
