@@ -135,16 +135,15 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    import yaml
     from rich.progress import Progress
 
     from mage_rl import runtime
-    import yaml
-
     from mage_rl.config import RunConfig, TrainConfig, load_config
     from mage_rl.rl.rollout import summarize, write_jsonl
 
     # A training config is a rollout config with more sections; accept both.
-    raw = yaml.safe_load(open(args.config)) or {}
+    raw = yaml.safe_load(Path(args.config).read_text()) or {}
     training = {"returns", "advantages", "learner", "eval", "train"} & set(raw)
     cfg = load_config(args.config, args.set, TrainConfig if training else RunConfig)
     engine = runtime.build_engine(cfg.policy)

@@ -17,7 +17,7 @@ from typing import Any
 import pyspiel
 
 from mage_rl.envs.base import Outcome
-from mage_rl.envs.openspiel_env import FinalScore, GameRules
+from mage_rl.envs.openspiel_env import FinalScore, GameRules, decision_states
 from mage_rl.envs.opponents import Opponent, register_opponent_factory
 
 CARDS = ("J", "Q", "K")
@@ -183,7 +183,8 @@ def solve_cfr_policy(iterations: int = CFR_ITERATIONS) -> dict[str, int]:
         solver.evaluate_and_update_policy()
     average = solver.average_policy()
     table: dict[str, int] = {}
-    for info_state in _all_info_states(game):
+    for state in decision_states(game):
+        info_state = state.information_state_string(state.current_player())
         probs = dict(average.get_state_policy(info_state))
         table[info_state] = max(sorted(probs), key=lambda a: probs[a])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,24 +192,6 @@ def solve_cfr_policy(iterations: int = CFR_ITERATIONS) -> dict[str, int]:
         json.dump(table, f, indent=1, sort_keys=True)
     os.replace(f.name, path)
     return table
-
-
-def _all_info_states(game: pyspiel.Game) -> list[str]:
-    found: set[str] = set()
-
-    def walk(state: pyspiel.State) -> None:
-        if state.is_terminal():
-            return
-        if state.is_chance_node():
-            for action, _ in state.chance_outcomes():
-                walk(state.child(action))
-            return
-        found.add(state.information_state_string(state.current_player()))
-        for action in state.legal_actions():
-            walk(state.child(action))
-
-    walk(game.new_initial_state())
-    return sorted(found)
 
 
 class CFROpponent(Opponent):

@@ -93,6 +93,26 @@ class GameRules(ABC):
         return FinalScore("draw", 0.0)
 
 
+def decision_states(game: pyspiel.Game) -> list[pyspiel.State]:
+    """One state per (player, information set) of a game tree, in first-visit order."""
+    seen: dict[tuple[int, str], pyspiel.State] = {}
+
+    def walk(state: pyspiel.State) -> None:
+        if state.is_terminal():
+            return
+        if state.is_chance_node():
+            for action, _ in state.chance_outcomes():
+                walk(state.child(action))
+            return
+        player = state.current_player()
+        seen.setdefault((player, state.information_state_string(player)), state)
+        for action in state.legal_actions():
+            walk(state.child(action))
+
+    walk(game.new_initial_state())
+    return list(seen.values())
+
+
 class OpenSpielEnv(TextEnv):
     """A two-player OpenSpiel game against a fixed opponent, seen as text.
 

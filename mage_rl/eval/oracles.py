@@ -29,6 +29,7 @@ import pyspiel
 from open_spiel.python import policy as os_policy
 from open_spiel.python.algorithms import best_response, expected_game_score
 
+from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import Opponent, Population, canonical_spec, make_opponent
 
 KUHN = "kuhn_poker"
@@ -39,26 +40,6 @@ def kuhn_game() -> pyspiel.Game:
     return pyspiel.load_game(KUHN)
 
 
-def _decision_states(game: pyspiel.Game) -> list[pyspiel.State]:
-    """One state per (information set, player) of the game tree."""
-    seen: dict[tuple[int, str], pyspiel.State] = {}
-
-    def walk(state: pyspiel.State) -> None:
-        if state.is_terminal():
-            return
-        if state.is_chance_node():
-            for action, _ in state.chance_outcomes():
-                walk(state.child(action))
-            return
-        player = state.current_player()
-        seen.setdefault((player, state.information_state_string(player)), state)
-        for action in state.legal_actions():
-            walk(state.child(action))
-
-    walk(game.new_initial_state())
-    return list(seen.values())
-
-
 def opponent_policy(opponent: Opponent | str, seat: int) -> os_policy.TabularPolicy:
     """A tabular policy that plays ``opponent`` in ``seat`` (uniform in the other seat,
     which best-response computations ignore)."""
@@ -66,7 +47,7 @@ def opponent_policy(opponent: Opponent | str, seat: int) -> os_policy.TabularPol
         opponent = make_opponent(opponent)
     game = kuhn_game()
     table = os_policy.TabularPolicy(game)
-    for state in _decision_states(game):
+    for state in decision_states(game):
         if state.current_player() != seat:
             continue
         opponent.reset(0)

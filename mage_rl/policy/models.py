@@ -142,13 +142,18 @@ def resolve_dtype(dtype: DType | torch.dtype, device: torch.device | None = None
     return torch.bfloat16 if cpu_supports_bf16() else torch.float32
 
 
-def cpu_supports_bf16() -> bool:
-    """Whether ``/proc/cpuinfo`` lists a native bf16 instruction set (Linux only)."""
+def cpu_supports_bf16(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``)
+    according to the ``flags`` line of ``/proc/cpuinfo`` (Linux only)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path(cpuinfo).read_text()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False
 
 
 def smollm2_gguf_path() -> Path:

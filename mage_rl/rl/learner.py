@@ -45,6 +45,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from mage_rl.policy.models import cpu_supports_bf16
 from mage_rl.rl.batching import MicroBatch, Sample, collate, pack_micro_batches
 from mage_rl.rl.loss import (
     KLKind,
@@ -164,19 +165,6 @@ class LearnerConfig:
             raise ValueError(
                 "LearnerConfig.lora_target_modules is empty; name the modules to adapt"
             )
-
-
-def cpu_supports_bf16(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> bool:
-    """Whether the CPU has native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return bool(flags & {"avx512_bf16", "amx_bf16"})
-    return False
 
 
 def resolve_autocast_dtype(dtype: DType, device: torch.device) -> torch.dtype | None:
