@@ -135,6 +135,8 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import yaml
     from rich.progress import Progress
 
