@@ -216,6 +216,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench -------------------------------------------------------------------------------
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "rollout":
+        from mage_rl.bench.rollout import bench_rollout, format_rollout_report
+
+        result = bench_rollout(
+            model=args.model,
+            meta_episodes=args.meta_episodes,
+            env=args.env,
+            episodes=args.episodes,
+            max_tokens=args.max_tokens,
+            dtype=args.dtype,
+            seed=args.seed,
+            rounds=args.rounds,
+        )
+        report = format_rollout_report(result)
+    else:
+        from mage_rl.bench.learner import bench_learner, format_learner_report
+
+        result = bench_learner(
+            model=args.model,
+            samples=args.samples,
+            prompt_len=args.prompt_len,
+            response_len=args.response_len,
+            seed=args.seed,
+            repeats=args.repeats,
+        )
+        report = format_learner_report(result)
+    print(report)
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -271,6 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
+    p.add_argument("what", choices=["rollout", "learner"])
+    p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the raw result to this file")
+    g = p.add_argument_group("rollout")
+    g.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
+    g.add_argument("--env", default="kuhn_poker", choices=["kuhn_poker", "tic_tac_toe"])
+    g.add_argument("--episodes", type=int, default=3, help="K")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    g.add_argument("--rounds", type=int, default=1, help="repeat each mode, alternating")
+    g = p.add_argument_group("learner")
+    g.add_argument("--samples", type=int, default=16)
+    g.add_argument("--prompt-len", type=int, default=300)
+    g.add_argument("--response-len", type=int, default=40)
+    g.add_argument("--repeats", type=int, default=2)
+    p.set_defaults(func=_cmd_bench)
+
     for register in _EXTRA_PARSERS:
         register(sub)
     return parser
@@ -278,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Later sub-commands (rollout, train, eval, serve, bench) add themselves here.
 _EXTRA_PARSERS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
+    from mage_rl.eval.cli import register
+
+    register(sub)
+
+
+_EXTRA_PARSERS.append(_register_eval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
