@@ -148,8 +148,7 @@ def summarize(records: Sequence[MetaEpisodeRecord]) -> dict[str, Any]:
     turns = [t for r in records for t in r.turns]
     return {
         "meta_episodes": len(records),
-        "success": sum(any(e.outcome == "won" for e in r.episodes) for r in records)
-        / len(records),
+        "success": sum(any(e.outcome == "won" for e in r.episodes) for r in records) / len(records),
         "final_reward": sum(r.episodes[-1].reward for r in records if r.episodes) / len(records),
         "turns": len(turns),
         "invalid_share": sum(t.invalid for t in turns) / max(1, len(turns)),

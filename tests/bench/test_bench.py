@@ -46,6 +46,7 @@ def test_bench_rollout_reports_both_modes_and_their_ratio() -> None:
         assert m["mean_response_tokens"] <= 2 * 4  # reflect turns get twice max_tokens
         assert m["batches"] >= 1 and m["forward_passes"] >= m["batches"]
         assert 0.0 <= m["outside_model_share"] <= 1.0
+        assert m["cpu_cores"] > 0 and m["round_wall_s"] == [m["wall_s"]]
         assert 0.0 < m["model_s"] < m["wall_s"] + 0.01  # the last batch ends just after its answer
         for key in ("wall_s", "meta_episodes_per_min", "tokens_per_s"):
             assert math.isfinite(m[key]) and m[key] > 0
@@ -60,9 +61,11 @@ def test_bench_rollout_reports_both_modes_and_their_ratio() -> None:
 def test_bench_rollout_runs_a_single_mode_without_ratios() -> None:
     result = bench_rollout(
         model="tiny", meta_episodes=1, episodes=1, max_tokens=4, dtype="fp32",
-        modes=("sequential",),
+        modes=("sequential",), rounds=2,
     )  # fmt: skip
     assert list(result["modes"]) == ["sequential"]
+    m = result["modes"]["sequential"]
+    assert len(m["round_wall_s"]) == 2 and m["wall_s"] == min(m["round_wall_s"])
     assert result["ratios"] == {}
     assert "Batched / sequential" not in format_rollout_report(result)
 
@@ -74,6 +77,7 @@ def test_bench_rollout_runs_a_single_mode_without_ratios() -> None:
         ({"modes": ()}, "modes="),
         ({"env": "chess"}, "env='chess'"),
         ({"meta_episodes": 0}, "meta_episodes"),
+        ({"rounds": 0}, "rounds"),
     ],
 )
 def test_bench_rollout_rejects_bad_settings(kwargs: dict, match: str) -> None:
@@ -82,12 +86,14 @@ def test_bench_rollout_rejects_bad_settings(kwargs: dict, match: str) -> None:
 
 
 def test_bench_learner_reports_each_dtype_and_the_ratio() -> None:
-    result = bench_learner(model="tiny", samples=4, prompt_len=16, response_len=4, repeats=1)
+    result = bench_learner(model="tiny", samples=4, prompt_len=16, response_len=4, repeats=2)
     assert list(result["dtypes"]) == ["bf16", "fp32"]
     assert result["dtypes"]["bf16"]["autocast"] == "bfloat16"
     assert result["dtypes"]["fp32"]["autocast"] == "float32"
     for d in result["dtypes"].values():
         assert d["tokens_per_update"] == 4 * (16 + 4)
+        assert len(d["repeat_s"]) == 2 and d["update_s"] == min(d["repeat_s"])
+        assert d["cpu_cores"] > 0
         for key in ("warmup_s", "update_s", "tokens_per_s"):
             assert math.isfinite(d[key]) and d[key] > 0
         # Old log-probs come from the learner itself: on-policy, nothing is clipped.
