@@ -40,12 +40,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from mage_rl.policy.models import cpu_supports_bf16
+from mage_rl.policy.models import DType, cpu_supports_bf16
 from mage_rl.rl.batching import MicroBatch, Sample, collate, pack_micro_batches
 from mage_rl.rl.loss import (
     KLKind,
@@ -58,7 +58,6 @@ from mage_rl.rl.loss import (
 
 logger = logging.getLogger(__name__)
 
-DType = Literal["auto", "bf16", "fp32"]
 MODEL_DIR = "model"
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
