@@ -43,6 +43,11 @@ class DecodeRequest:
         resolve: Called once, from the worker thread, with the finished
             :class:`Generation` or the exception that ended the batch.
         cancelled: Returns True when nobody waits for the answer any more.
+        on_token: Called from the worker thread with every sampled token, before the
+            request is resolved: ``(token_id, logprob, top)``, where ``top`` holds the
+            ``top_logprobs`` most likely ``(token_id, logprob)`` pairs of the distribution
+            the token was drawn from (empty when ``top_logprobs`` is 0). For streaming.
+        top_logprobs: How many alternatives ``on_token`` receives per token.
         response_ids: Sampled ids so far.
         logprobs: Their recorded log-probs.
     """
@@ -53,6 +58,8 @@ class DecodeRequest:
     max_new_tokens: int
     resolve: Callable[[Generation | BaseException], None]
     cancelled: Callable[[], bool] = lambda: False
+    on_token: Callable[[int, float, list[tuple[int, float]]], None] | None = None
+    top_logprobs: int = 0
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     _text_len: int = 0
@@ -136,6 +143,7 @@ def decode_batch(
                     logp, [r.params.temperature == 0 for r in active], [r.generator for r in active]
                 )
                 stats.generated_tokens += len(active)
+                _report_tokens(active, tokens, token_logp, logp)
                 keep = [
                     i
                     for i, (request, token, lp) in enumerate(
@@ -173,6 +181,29 @@ def decode_batch(
         elapsed = time.perf_counter() - start
         stats.compute_seconds += elapsed
         logger.debug("decoded a batch of %d requests in %.3fs", len(requests), elapsed)
+
+
+def _report_tokens(
+    active: list[DecodeRequest],
+    tokens: torch.Tensor,
+    token_logp: torch.Tensor,
+    logp: torch.Tensor,
+) -> None:
+    """Hand each sampled token, with its top alternatives when asked, to ``on_token``."""
+    rows = [i for i, r in enumerate(active) if r.on_token is not None and not r.cancelled()]
+    if not rows:
+        return
+    k = max(active[i].top_logprobs for i in rows)
+    top_ids: list[list[int]] = [[] for _ in rows]
+    top_lp: list[list[float]] = [[] for _ in rows]
+    if k > 0:
+        values, indices = torch.topk(logp[rows], min(k, logp.shape[-1]), dim=-1)  # (R, k)
+        top_ids, top_lp = indices.tolist(), values.tolist()
+    for j, i in enumerate(rows):
+        request = active[i]
+        n = request.top_logprobs
+        top = list(zip(top_ids[j][:n], top_lp[j][:n], strict=True))
+        request.on_token(int(tokens[i]), float(token_logp[i]), top)  # type: ignore[misc]
 
 
 def _advance(

@@ -34,7 +34,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -48,6 +48,9 @@ from mage_rl.policy.tokenization import render_prompt
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()
+
+TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
+"""``(token_id, logprob, top)`` for each sampled token; see :meth:`LocalEngine.generate_from_ids`."""
 
 
 class EngineClosedError(RuntimeError):
@@ -143,10 +146,27 @@ class LocalEngine:
         return await self.generate_from_ids(render_prompt(self.tokenizer, messages), params)
 
     async def generate_from_ids(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        on_token: TokenCallback | None = None,
+        top_logprobs: int = 0,
     ) -> Generation:
-        """Sample one response to already rendered prompt ids (see :meth:`generate`)."""
+        """Sample one response to already rendered prompt ids (see :meth:`generate`).
+
+        Args:
+            prompt_ids: The rendered prompt.
+            params: Sampling parameters.
+            on_token: Called on the event loop with ``(token_id, logprob, top)`` for every
+                sampled token as it is drawn, before the response is returned (streaming).
+                ``top`` lists the ``top_logprobs`` most likely ``(token_id, logprob)``
+                pairs of the sampling distribution.
+            top_logprobs: Alternatives per token handed to ``on_token`` (0 for none).
+        """
         params = params or SamplingParams()
+        if top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: the model needs at least one token")
@@ -165,6 +185,8 @@ class LocalEngine:
             max_new_tokens=min(params.max_tokens, room),
             resolve=lambda outcome: _settle_threadsafe(loop, future, outcome),
             cancelled=future.cancelled,
+            on_token=_threadsafe_callback(loop, on_token) if on_token else None,
+            top_logprobs=top_logprobs,
         )
         self._submit(request)
         return await future
@@ -313,6 +335,20 @@ def load_weights(
         for name, tensor in state_dict.items():
             target = own[name]
             target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+
+
+def _threadsafe_callback(
+    loop: asyncio.AbstractEventLoop, callback: TokenCallback
+) -> TokenCallback:
+    """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
+
+    def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        try:
+            loop.call_soon_threadsafe(callback, token, logprob, top)
+        except RuntimeError:  # the loop closed; nobody is listening any more
+            pass
+
+    return call
 
 
 def _settle_threadsafe(
