@@ -1,0 +1,457 @@
+"""The OpenAI-compatible HTTP API over a :class:`~mage_rl.policy.engine.LocalEngine`.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{model}``,
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (see :mod:`.protocol` for the
+fields). Every request is one coroutine that awaits the engine, so concurrent requests
+land in the same decode batches and share forward passes.
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
+
+* 400: malformed JSON, a body that fails validation, an unsupported field, a prompt
+  (plus ``max_tokens``) longer than the model's context, a chat template that rejects
+  the messages;
+* 401: missing or wrong API key (only when the server has one);
+* 404: unknown model or route; 405: wrong method;
+* 500: anything unexpected, logged with its traceback. No request can stop the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mage_rl.policy.base import SamplingParams
+from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.tokenization import render_prompt
+from mage_rl.serve.generate import (
+    Choice,
+    DoneEvent,
+    chat_logprobs,
+    completion_logprobs,
+    run_choices,
+    stream_choices,
+)
+from mage_rl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger(__name__)
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+class ServerState:
+    """What the routes share: the engine, the served name, the key and limits.
+
+    Args:
+        engine: The engine that answers every request.
+        model_name: The name clients put in ``model``; other names get 404.
+        api_key: When set, ``/v1`` routes need ``Authorization: Bearer <api_key>``.
+        default_max_tokens: Response limit when a request gives none (``None``: the room
+            left in the context, as OpenAI does). Text completions default to 16, as in
+            OpenAI's API.
+    """
+
+    def __init__(
+        self,
+        engine: LocalEngine,
+        model_name: str,
+        api_key: str | None = None,
+        default_max_tokens: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key or None
+        self.default_max_tokens = default_max_tokens
+        self.created = int(time.time())
+
+    # -- request checks ------------------------------------------------------------------
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist on this server; it serves "
+                f"{self.model_name!r} (see GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
+
+    def max_tokens(self, prompt_len: int, asked: int | None) -> int:
+        """The response limit of a prompt, or a 400 when it cannot fit the context."""
+        context = self.engine.max_context
+        room = context - prompt_len
+        if room < 1:
+            raise APIError(
+                400,
+                f"the prompt has {prompt_len} tokens but the model's context holds "
+                f"{context}; shorten the prompt",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if asked is not None:
+            if asked > room:
+                raise APIError(
+                    400,
+                    f"the prompt ({prompt_len} tokens) plus max_tokens ({asked}) exceeds the "
+                    f"model's context of {context} tokens; ask for at most {room} tokens",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            return asked
+        return min(room, self.default_max_tokens or room)
+
+    def sampling(
+        self, body: ChatCompletionRequest | CompletionRequest, max_tokens: int
+    ) -> list[SamplingParams]:
+        """One :class:`SamplingParams` per choice; seeded choices get ``seed + i``."""
+        top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+        try:
+            return [
+                SamplingParams(
+                    temperature=1.0 if body.temperature is None else body.temperature,
+                    top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=top_k,
+                    max_tokens=max_tokens,
+                    stop=body.stop_strings(),
+                    seed=None if body.seed is None else body.seed + i,
+                )
+                for i in range(body.n)
+            ]
+        except ValueError as error:
+            raise APIError(400, str(error)) from error
+
+    def render(self, body: ChatCompletionRequest) -> list[int]:
+        try:
+            return render_prompt(self.engine.tokenizer, body.chat())
+        except Exception as error:  # template errors are jinja exceptions, not ValueError
+            raise APIError(
+                400, f"the chat template cannot render these messages: {error}", param="messages"
+            ) from error
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = list(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        else:
+            vocab = len(self.engine.tokenizer)
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"prompt token ids {bad[:5]} are outside [0, {vocab})",
+                               param="prompt")  # fmt: skip
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        return ids
+
+    def check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.api_key.encode()
+        ):
+            raise APIError(
+                401,
+                "missing or incorrect API key; send 'Authorization: Bearer <key>' with the "
+                "key the server was started with (--api-key)",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+
+
+def create_app(
+    engine: LocalEngine,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    default_max_tokens: int | None = None,
+) -> FastAPI:
+    """Build the FastAPI application (see :class:`ServerState` for the arguments)."""
+    state = ServerState(engine, model_name, api_key, default_max_tokens)
+    app = FastAPI(title="mage serve", version="1", docs_url=None, redoc_url=None)
+    app.state.mage = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = (
+            f"no route {request.method} {request.url.path}"
+            if error.status_code in (404, 405)
+            else str(error.detail)
+        )
+        api = APIError(error.status_code, message, code="not_found" if error.status_code == 404 else None)
+        return JSONResponse(api.body(), status_code=error.status_code)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        try:
+            if request.url.path.startswith("/v1"):
+                state.check_key(request)
+            return await call_next(request)
+        except APIError as error:
+            return JSONResponse(error.body(), status_code=error.status)
+        except Exception:  # the last line of defence: log it, answer 500, keep serving
+            logger.exception("unexpected error on %s %s", request.method, request.url.path)
+            body = APIError(500, "internal server error (see the server log)", type="server_error")
+            return JSONResponse(body.body(), status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        state.check_model(model)
+        return _model_card(state)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        state.check_model(body.model)
+        prompt = state.render(body)
+        params = state.sampling(body, state.max_tokens(len(prompt), body.token_limit()))
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        meta = _meta("chatcmpl", state)
+        if body.stream:
+            return _sse(_chat_stream(state, body, prompt, params, top, meta))
+        choices = await run_choices(
+            engine, prompt, params, top_logprobs=top, include_stop=body.include_stop_str_in_output
+        )
+        out: dict[str, Any] = {
+            **meta,
+            "object": "chat.completion",
+            "choices": [_chat_choice(state, body, c) for c in choices],
+            "usage": _usage(len(prompt), choices),
+        }
+        if body.return_token_ids:
+            out["prompt_token_ids"] = prompt
+        return JSONResponse(out)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        state.check_model(body.model)
+        prompts = [state.encode(p) for p in body.prompts()]
+        if body.stream and len(prompts) > 1:
+            raise APIError(400, "streaming takes a single prompt", param="prompt")
+        plans = [
+            (p, state.sampling(body, state.max_tokens(len(p), body.max_tokens))) for p in prompts
+        ]
+        top = body.logprobs or 0
+        meta = _meta("cmpl", state)
+        if body.stream:
+            prompt, params = plans[0]
+            return _sse(_completion_stream(state, body, prompt, params, top, meta))
+        choices: list[tuple[list[int], Choice]] = []
+        for k, (prompt, params) in enumerate(plans):
+            done = await run_choices(
+                engine, prompt, params, top_logprobs=top,
+                include_stop=body.include_stop_str_in_output, first_index=k * body.n,
+            )  # fmt: skip
+            choices += [(prompt, c) for c in done]
+        out = {
+            **meta,
+            "object": "text_completion",
+            "choices": [_completion_choice(state, body, p, c) for p, c in choices],
+            "usage": {
+                "prompt_tokens": sum(len(p) for p in prompts),
+                "completion_tokens": sum(len(c.generation.response_ids) for _, c in choices),
+                "total_tokens": sum(len(p) for p in prompts)
+                + sum(len(c.generation.response_ids) for _, c in choices),
+            },
+        }
+        return JSONResponse(out)
+
+    return app
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+async def _parse(request: Request, model: type[RequestT]) -> RequestT:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise APIError(400, f"the request body is not valid JSON ({error})", code="invalid_json") from error
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        problems = error.errors()
+        first = problems[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in problems[:5]
+        )
+        raise APIError(400, f"invalid request: {message}", param=param) from error
+
+
+def _meta(prefix: str, state: ServerState) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name}
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "mage-rl",
+        "max_model_len": state.engine.max_context,
+    }
+
+
+def _usage(prompt_len: int, choices: list[Choice]) -> dict[str, int]:
+    completion = sum(len(c.generation.response_ids) for c in choices)
+    return {"prompt_tokens": prompt_len, "completion_tokens": completion,
+            "total_tokens": prompt_len + completion}  # fmt: skip
+
+
+def _chat_choice(state: ServerState, body: ChatCompletionRequest, c: Choice) -> dict[str, Any]:
+    g = c.generation
+    choice: dict[str, Any] = {
+        "index": c.index,
+        "message": {"role": "assistant", "content": c.text},
+        "logprobs": chat_logprobs(state.engine.tokenizer, g.response_ids, g.logprobs, c.top)
+        if body.logprobs
+        else None,
+        "finish_reason": g.finish_reason,
+    }
+    if body.return_token_ids:
+        choice["token_ids"] = g.response_ids
+    return choice
+
+
+def _completion_choice(
+    state: ServerState, body: CompletionRequest, prompt: list[int], c: Choice
+) -> dict[str, Any]:
+    g = c.generation
+    choice: dict[str, Any] = {
+        "index": c.index,
+        "text": c.text,
+        "logprobs": completion_logprobs(state.engine.tokenizer, g.response_ids, g.logprobs, c.top)
+        if body.logprobs is not None
+        else None,
+        "finish_reason": g.finish_reason,
+    }
+    if body.return_token_ids:
+        choice["prompt_token_ids"] = prompt
+        choice["token_ids"] = g.response_ids
+    return choice
+
+
+def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def lines() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield f"data: {json.dumps(event)}\n\n"
+        except Exception as error:  # headers are sent: report in-band, then end cleanly
+            logger.exception("stream failed")
+            body = APIError(500, f"generation failed: {error}", type="server_error").body()
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(lines(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})  # fmt: skip
+
+
+async def _chat_stream(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    prompt: list[int],
+    params: list[SamplingParams],
+    top: int,
+    meta: dict[str, Any],
+) -> AsyncIterator[dict[str, Any]]:
+    tokenizer = state.engine.tokenizer
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**meta, "object": "chat.completion.chunk", "choices": choices, **extra}
+
+    first: dict[str, Any] = {"prompt_token_ids": prompt} if body.return_token_ids else {}
+    yield chunk(
+        [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+          "finish_reason": None} for i in range(len(params))],
+        **first,
+    )  # fmt: skip
+    finished: list[Choice] = []
+    async for event in stream_choices(
+        state.engine, prompt, params, top_logprobs=top,
+        include_stop=body.include_stop_str_in_output,
+    ):  # fmt: skip
+        if isinstance(event, DoneEvent):
+            c = event.choice
+            finished.append(c)
+            yield chunk([{"index": c.index, "delta": {"content": event.delta} if event.delta else {},
+                          "logprobs": None, "finish_reason": c.generation.finish_reason}])  # fmt: skip
+            continue
+        choice: dict[str, Any] = {
+            "index": event.index,
+            "delta": {"content": event.delta},
+            "logprobs": chat_logprobs(tokenizer, [event.token], [event.logprob], [event.top])
+            if body.logprobs
+            else None,
+            "finish_reason": None,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = [event.token]
+        yield chunk([choice])
+    if body.include_usage_in_stream():
+        yield chunk([], usage=_usage(len(prompt), finished))
+
+
+async def _completion_stream(
+    state: ServerState,
+    body: CompletionRequest,
+    prompt: list[int],
+    params: list[SamplingParams],
+    top: int,
+    meta: dict[str, Any],
+) -> AsyncIterator[dict[str, Any]]:
+    tokenizer = state.engine.tokenizer
+    offsets = [0] * len(params)
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**meta, "object": "text_completion", "choices": choices, **extra}
+
+    finished: list[Choice] = []
+    async for event in stream_choices(
+        state.engine, prompt, params, top_logprobs=top,
+        include_stop=body.include_stop_str_in_output,
+    ):  # fmt: skip
+        if isinstance(event, DoneEvent):
+            c = event.choice
+            finished.append(c)
+            yield chunk([{"index": c.index, "text": event.delta, "logprobs": None,
+                          "finish_reason": c.generation.finish_reason}])  # fmt: skip
+            continue
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = completion_logprobs(
+                tokenizer, [event.token], [event.logprob], [event.top], offsets[event.index]
+            )
+            offsets[event.index] += len(logprobs["tokens"][0])  # type: ignore[index]
+        choice: dict[str, Any] = {"index": event.index, "text": event.delta,
+                                  "logprobs": logprobs, "finish_reason": None}  # fmt: skip
+        if body.return_token_ids:
+            choice["token_ids"] = [event.token]
+        yield chunk([choice])
+    if body.include_usage_in_stream():
+        yield chunk([], usage=_usage(len(prompt), finished))
