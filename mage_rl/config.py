@@ -29,13 +29,14 @@ class _Strict(BaseModel):
 class EnvConfig(_Strict):
     """The task and its opponents."""
 
-    name: Literal["kuhn_poker", "tic_tac_toe"] = Field(
-        "kuhn_poker", description="Environment (OpenSpiel game)."
+    name: Literal["kuhn_poker", "tic_tac_toe", "sokoban"] = Field(
+        "kuhn_poker", description="Environment: an OpenSpiel game, or single-agent sokoban."
     )
     population: str = Field(
         "kuhn_train",
         description="Opponents: a preset (kuhn_train, ttt_train, kuhn_unseen, ttt_unseen) "
-        "or weighted specs such as 'kuhn:aggressive=0.5,kuhn:conservative=0.5'.",
+        "or weighted specs such as 'kuhn:aggressive=0.5,kuhn:conservative=0.5'. Sokoban "
+        "names room variants here: sokoban_train (2 boxes), sokoban_unseen, sokoban:boxes:N.",
     )
     seat: str = Field(
         "sampled",
@@ -128,6 +129,11 @@ class RunConfig(_Strict):
                     f"env.population has {spec!r}, which does not play env.name="
                     f"{self.env.name!r}; use opponents of {self.env.name}"
                 )
+        if self.env.name == "sokoban" and self.env.seat not in ("first", "0"):
+            raise ValueError(
+                f"env.name=sokoban is a single-agent task with one seat, but env.seat="
+                f"{self.env.seat!r}; set env.seat: first"
+            )
         if self.meta.agent == "react" and self.meta.context != "none":
             raise ValueError(
                 f"meta.agent=react keeps no memory across episodes, but meta.context="

@@ -1,7 +1,9 @@
 """Text environments and opponents.
 
 ``make_env("kuhn_poker", "kuhn:aggressive", seat=0)`` builds an environment; opponents
-are named by spec strings (see :mod:`mage_rl.envs.opponents`).
+are named by spec strings (see :mod:`mage_rl.envs.opponents`). The single-agent
+Sokoban takes a room variant where the games take an opponent:
+``make_env("sokoban", "sokoban:boxes:2")``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def game_rules(game: str) -> GameRules:
     return rules[name]()
 
 
-ENV_NAMES = ("kuhn_poker", "tic_tac_toe")
+ENV_NAMES = ("kuhn_poker", "tic_tac_toe", "sokoban")
+SINGLE_AGENT_ENVS = ("sokoban",)
+"""Environments with one seat (0); their "opponent" spec names a task variant."""
 
 
 def make_env(
@@ -49,15 +53,20 @@ def make_env(
     opponent: str | Opponent,
     seat: int = 0,
     max_turns: int | None = None,
-) -> OpenSpielEnv:
-    """Build a text environment against one opponent.
+) -> TextEnv:
+    """Build a text environment against one opponent (or of one task variant).
 
     Args:
-        game: ``kuhn_poker``/``kuhn`` or ``tic_tac_toe``/``ttt``.
-        opponent: An opponent spec string or an :class:`Opponent`.
-        seat: The agent's seat (0 = first to act).
+        game: ``kuhn_poker``/``kuhn``, ``tic_tac_toe``/``ttt`` or ``sokoban``.
+        opponent: An opponent spec string or an :class:`Opponent`; for Sokoban a room
+            variant such as ``sokoban:boxes:2``.
+        seat: The agent's seat (0 = first to act; Sokoban has only seat 0).
         max_turns: Agent turns per episode (game default when ``None``).
     """
+    if canonical_game(game) == "sokoban":
+        from mage_rl.envs.sokoban import make_sokoban_env
+
+        return make_sokoban_env(opponent, seat=seat, max_turns=max_turns)
     rules = game_rules(game)
     if isinstance(opponent, str):
         if canonical_game(opponent.split(":")[0]) != rules.game_name:
@@ -70,6 +79,7 @@ __all__ = [
     "ENV_NAMES",
     "POPULATION_PRESETS",
     "PROTOCOLS",
+    "SINGLE_AGENT_ENVS",
     "GameRules",
     "OpenSpielEnv",
     "Opponent",

@@ -34,6 +34,8 @@ GAME_ALIASES: dict[str, str] = {
     "ttt": "tic_tac_toe",
     "tic_tac_toe": "tic_tac_toe",
     "tictactoe": "tic_tac_toe",
+    # Single-agent: its "opponent" specs name room variants (see mage_rl.envs.sokoban).
+    "sokoban": "sokoban",
 }
 
 
@@ -171,7 +173,7 @@ def _ensure_builtins() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        from mage_rl.envs import kuhn, tictactoe  # noqa: F401
+        from mage_rl.envs import kuhn, sokoban, tictactoe  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,8 @@ class _Presets(dict):
         "kuhn_unseen": lambda: Population((("kuhn_poker:cfr", 1.0),)),
         "ttt_train": _ttt_training_population,
         "ttt_unseen": lambda: Population((("tic_tac_toe:mcts:1000", 1.0),)),
+        "sokoban_train": lambda: Population((("sokoban:boxes:2", 1.0),)),
+        "sokoban_unseen": lambda: Population((("sokoban:boxes:1", 0.5), ("sokoban:boxes:3", 0.5))),
     }
 
     def __contains__(self, key: object) -> bool:
@@ -277,4 +281,5 @@ class _Presets(dict):
 
 POPULATION_PRESETS = _Presets()
 """The training and evaluation populations of SPEC §7, by name: ``kuhn_train``,
-``kuhn_unseen``, ``ttt_train``, ``ttt_unseen``."""
+``kuhn_unseen``, ``ttt_train``, ``ttt_unseen``, and for Sokoban the room variants
+``sokoban_train`` (2 boxes) and ``sokoban_unseen`` (1 and 3 boxes)."""

@@ -106,13 +106,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ENV",
-        help="environment, repeatable: kuhn_poker (kuhn) or tic_tac_toe (ttt); default kuhn_poker",
+        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt) or sokoban; "
+        "default kuhn_poker",
     )
     p.add_argument(
         "--opponents",
         default="train",
         help="opponent set: train (in-distribution: the training populations), unseen "
-        "(Kuhn cfr, Tic-Tac-Toe mcts:1000), a preset (kuhn_train...) or weighted specs",
+        "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes), a preset "
+        "(kuhn_train...) or weighted specs",
     )
     p.add_argument(
         "--model",

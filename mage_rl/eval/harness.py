@@ -42,6 +42,7 @@ from mage_rl.envs import (
     ENV_NAMES,
     POPULATION_PRESETS,
     PROTOCOLS,
+    SINGLE_AGENT_ENVS,
     Population,
     canonical_game,
     derive_seed,
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 
 STYLES = ("react", "reflexion", "mage")
 OPPONENT_SETS = ("train", "unseen")
-GAME_SHORT = {"kuhn_poker": "kuhn", "tic_tac_toe": "ttt"}
+GAME_SHORT = {"kuhn_poker": "kuhn", "tic_tac_toe": "ttt", "sokoban": "sokoban"}
 _LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
 FORMAT_VERSION = 1
 
@@ -181,7 +182,8 @@ class EvalConfig:
     seed: int = 2026
     """Base seed of the task instances (kept apart from training seeds)."""
     seat: str = "sampled"
-    """Agent seat: first, second or sampled (drawn from each task seed)."""
+    """Agent seat: first, second or sampled (drawn from each task seed). Single-agent
+    environments (Sokoban) always use their one seat, first."""
     protocol: str = "replay"
     """``replay`` restarts every episode from the same deal or board (the paper's
     protocol); ``fresh`` deals anew each episode against the same opponent."""
@@ -296,7 +298,10 @@ def eval_tasks(cfg: EvalConfig) -> dict[str, list[TaskInstance]]:
     """The task instances of every environment: the same for every agent."""
     return {
         env: sample_tasks(
-            opponent_population(cfg.opponents, env), cfg.n, base_seed=cfg.seed, seat=cfg.seat
+            opponent_population(cfg.opponents, env),
+            cfg.n,
+            base_seed=cfg.seed,
+            seat="first" if env in SINGLE_AGENT_ENVS else cfg.seat,
         )
         for env in cfg.envs
     }

@@ -27,6 +27,40 @@ SAME_OPPONENT = (
 )
 
 
+@dataclass(frozen=True)
+class Wording:
+    """How the prompts name what stays the same across the episodes of a meta-episode.
+
+    The defaults speak of an opponent (the two-player games); a single-agent task
+    words it its own way by returning a :class:`TaskText` as its task description.
+
+    Attributes:
+        same_task: Added to the system text when several episodes are played.
+        setting: Completes "Earlier episodes ..." and "Episode k of K ... is over".
+        reflect_focus: Completes "Diagnose what happened and ...".
+    """
+
+    same_task: str = SAME_OPPONENT
+    setting: str = "against this opponent"
+    reflect_focus: str = "what it reveals about the opponent's strategy"
+
+
+class TaskText(str):
+    """A task description (a plain string everywhere) that carries its own :class:`Wording`."""
+
+    wording: Wording
+
+    def __new__(cls, text: str, wording: Wording) -> TaskText:
+        obj = super().__new__(cls, text)
+        obj.wording = wording
+        return obj
+
+
+def wording_of(task_description: str) -> Wording:
+    """The wording a task description asks for (the opponent wording by default)."""
+    return getattr(task_description, "wording", None) or Wording()
+
+
 @dataclass
 class PastEpisode:
     """What the history context shows of a finished episode."""
@@ -75,12 +109,13 @@ def play_messages(
         invalid_reason: Why the previous answer was invalid, if it was.
         react: Ask for a Thought line before the action.
     """
-    system = task_description
+    wording = wording_of(task_description)
+    system = str(task_description)
     if num_episodes > 1 and context != "none":
-        system += "\n" + SAME_OPPONENT
+        system += "\n" + wording.same_task
     parts: list[str] = []
     if "history" in context and history:
-        parts.append("Earlier episodes against this opponent:")
+        parts.append(f"Earlier episodes {wording.setting}:")
         parts.extend(_episode_block(ep) for ep in history)
     if "reflection" in context and memory:
         parts.append("Your reflections on earlier episodes:")
@@ -105,8 +140,9 @@ def reflect_messages(
     memory: Sequence[str],
 ) -> list[Message]:
     """The chat for the reflect turn after episode ``finished.index``."""
+    wording = wording_of(task_description)
     parts = [
-        f"Episode {finished.index + 1} of {num_episodes} against this opponent is over.",
+        f"Episode {finished.index + 1} of {num_episodes} {wording.setting} is over.",
         "Start of the episode:\n" + finished.initial_observation,
         "Moves: " + ("; ".join(finished.moves) if finished.moves else "none") + ".",
     ]
@@ -117,11 +153,11 @@ def reflect_messages(
         parts.append("Your earlier reflections:")
         parts.extend(f"- {m}" for m in memory)
     parts.append(
-        "Diagnose what happened and what it reveals about the opponent's strategy, then "
+        f"Diagnose what happened and {wording.reflect_focus}, then "
         "plan how you will play the next episode. Write the reflection inside "
         "<remark>...</remark>."
     )
     return [
-        {"role": "system", "content": task_description + "\n" + SAME_OPPONENT},
+        {"role": "system", "content": str(task_description) + "\n" + wording.same_task},
         {"role": "user", "content": "\n".join(parts)},
     ]
