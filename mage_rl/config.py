@@ -73,6 +73,11 @@ class MetaEpisodeConfig(_Strict):
         description="Prompt style: mage and reflexion answer directly with a tag; react "
         "reasons in a Thought line before the tag.",
     )
+    prompt: Literal["standard", "compact"] = Field(
+        "standard",
+        description="Play-prompt template: standard (full rules, for instruction-tuned "
+        "models) or compact (brief rules, one line per past episode; for small models).",
+    )
 
 
 class PolicyConfig(_Strict):
@@ -94,6 +99,12 @@ class PolicyConfig(_Strict):
     )
     max_batch_size: int = Field(
         32, ge=1, description="Most concurrent requests the local engine puts in one forward pass."
+    )
+    constrain_actions: bool = Field(
+        False,
+        description="Constrained decoding on play turns: sample only <action>A</action> for "
+        "a legal action A, from the model's distribution restricted to those strings; the "
+        "learner scores the same restricted distribution. Local engine only.",
     )
 
 
@@ -138,6 +149,11 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"meta.agent=react keeps no memory across episodes, but meta.context="
                 f"{self.meta.context!r}; set meta.context: none"
+            )
+        if self.meta.agent == "react" and self.policy.constrain_actions:
+            raise ValueError(
+                "policy.constrain_actions leaves room only for the action tag, so the ReAct "
+                "Thought line cannot be written; use meta.agent: mage or reflexion"
             )
         return self
 

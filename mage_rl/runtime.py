@@ -27,6 +27,8 @@ def graph_options(cfg: RunConfig) -> GraphOptions:
         react=cfg.meta.agent == "react",
         max_tokens=cfg.policy.max_tokens,
         reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
+        prompt=cfg.meta.prompt,
+        constrain_actions=cfg.policy.constrain_actions,
     )
 
 

@@ -95,6 +95,14 @@ class TextEnv(ABC):
         """Rules and answer format, for the system part of a prompt."""
 
     @property
+    def brief_description(self) -> str:
+        """A short task description for the ``compact`` prompt template (small models).
+
+        Defaults to :attr:`task_description`; environments may shorten it.
+        """
+        return self.task_description
+
+    @property
     @abstractmethod
     def initial_observation(self) -> str:
         """The observation the agent had at the start of the current episode."""

@@ -67,6 +67,12 @@ class KuhnRules(GameRules):
             "or <action>PASS</action>."
         )
 
+    def brief_description(self, seat: int) -> str:
+        return (
+            f"Kuhn Poker, J < Q < K, ante 1, bets of 1. You are Player {seat + 1}. "
+            "Answer <action>PASS</action> or <action>BET</action>."
+        )
+
     def render(self, state: pyspiel.State, seat: int) -> str:
         lines = [f"Your card: {CARDS[card_of(state, seat)]}."]
         moves = betting(state)

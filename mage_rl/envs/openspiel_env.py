@@ -67,6 +67,10 @@ class GameRules(ABC):
     def task_description(self, seat: int) -> str:
         """Rules, the agent's seat and the answer format."""
 
+    def brief_description(self, seat: int) -> str:
+        """A short version for the ``compact`` prompt template (default: the full one)."""
+        return self.task_description(seat)
+
     @abstractmethod
     def render(self, state: pyspiel.State, seat: int) -> str:
         """The agent's observation of ``state`` (only what its seat may see)."""
@@ -210,6 +214,10 @@ class OpenSpielEnv(TextEnv):
     @property
     def task_description(self) -> str:
         return self.rules.task_description(self.seat)
+
+    @property
+    def brief_description(self) -> str:
+        return self.rules.brief_description(self.seat)
 
     @property
     def initial_observation(self) -> str:

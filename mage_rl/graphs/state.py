@@ -20,6 +20,7 @@ from langchain_core.language_models import BaseChatModel
 from mage_rl.envs.base import PROTOCOLS, TextEnv
 
 CONTEXT_MODES = ("reflection", "history", "history+reflection", "none")
+PROMPT_TEMPLATES = ("standard", "compact")
 
 
 class MetaEpisodeState(TypedDict, total=False):
@@ -69,6 +70,11 @@ class GraphOptions:
         react: Ask for a ``Thought:`` line before the action (ReAct prompting).
         max_tokens: ``L_max`` for play turns.
         reflect_max_tokens: ``L_max`` for reflect turns.
+        prompt: Play-prompt template: ``standard`` or ``compact`` (short, for small
+            models; see :func:`~mage_rl.nodes.prompts.compact_play_messages`).
+        constrain_actions: Constrained decoding on play turns: the response is one of
+            ``<action>A</action>`` for the environment's legal actions ``A``, sampled from
+            the restricted distribution (the chat model must accept ``choices``).
     """
 
     num_episodes: int = 3
@@ -78,6 +84,8 @@ class GraphOptions:
     react: bool = False
     max_tokens: int = 96
     reflect_max_tokens: int = 160
+    prompt: str = "standard"
+    constrain_actions: bool = False
 
     def __post_init__(self) -> None:
         if self.num_episodes < 1:
@@ -90,6 +98,15 @@ class GraphOptions:
             raise ValueError(f"unknown protocol {self.protocol!r}; valid: {', '.join(PROTOCOLS)}")
         if self.max_tokens < 1 or self.reflect_max_tokens < 1:
             raise ValueError("max_tokens and reflect_max_tokens must be >= 1")
+        if self.prompt not in PROMPT_TEMPLATES:
+            raise ValueError(
+                f"unknown prompt template {self.prompt!r}; valid: {', '.join(PROMPT_TEMPLATES)}"
+            )
+        if self.constrain_actions and self.react:
+            raise ValueError(
+                "constrain_actions restricts the answer to the action tag, so the ReAct "
+                "Thought line cannot be written; use the mage or reflexion agent"
+            )
 
     @property
     def reflects(self) -> bool:

@@ -16,7 +16,13 @@ from langgraph.runtime import Runtime
 from mage_rl.envs.base import episode_seed
 from mage_rl.envs.parsing import extract_remark
 from mage_rl.graphs.state import MetaEpisodeContext, MetaEpisodeState
-from mage_rl.nodes.prompts import Message, PastEpisode, play_messages, reflect_messages
+from mage_rl.nodes.prompts import (
+    Message,
+    PastEpisode,
+    compact_play_messages,
+    play_messages,
+    reflect_messages,
+)
 from mage_rl.rl.records import EpisodeResult, Turn
 
 REFLECTION_ANCHOR = "reflection"
@@ -29,10 +35,21 @@ def to_langchain(messages: list[Message]) -> list[BaseMessage]:
 
 
 async def call_llm(
-    ctx: MetaEpisodeContext, messages: list[Message], max_tokens: int, stop: str
+    ctx: MetaEpisodeContext,
+    messages: list[Message],
+    max_tokens: int,
+    stop: str,
+    choices: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One LLM call; returns the fields of a turn record that the response fixes."""
-    reply = await ctx.llm.ainvoke(to_langchain(messages), max_tokens=max_tokens, stop=[stop])
+    """One LLM call; returns the fields of a turn record that the response fixes.
+
+    ``choices`` turns on constrained decoding for this call (the chat model must accept a
+    ``choices`` keyword, as :class:`~mage_rl.policy.chat_model.PolicyChatModel` does).
+    """
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "stop": [stop]}
+    if choices:
+        kwargs["choices"] = choices
+    reply = await ctx.llm.ainvoke(to_langchain(messages), **kwargs)
     text = reply.content if isinstance(reply.content, str) else str(reply.content)
     meta = getattr(reply, "response_metadata", {}) or {}
     response_ids = [int(t) for t in meta.get("response_ids", [])]
@@ -49,6 +66,7 @@ async def call_llm(
         "max_response_length": max_tokens,
         "finish_reason": str(meta.get("finish_reason", "stop")),
         "prompt_text": messages,
+        "allowed": [[int(i) for i in ids] for ids in meta.get("allowed", [])],
     }
 
 
@@ -76,20 +94,36 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     ctx = runtime.context
     opts = ctx.options
     history = [PastEpisode(**h) for h in state.get("history", [])]
-    messages = play_messages(
-        task_description=ctx.env.task_description,
-        episode=state["episode"],
-        num_episodes=opts.num_episodes,
-        context=opts.context,
-        memory=state.get("memory", []),
-        history=history,
-        initial_observation=state["initial_observation"],
-        moves=state.get("moves", []),
-        observation=state["observation"],
-        invalid_reason=state.get("invalid_reason", ""),
-        react=opts.react,
-    )
-    fields = await call_llm(ctx, messages, opts.max_tokens, "</action>")
+    if opts.prompt == "compact":
+        messages = compact_play_messages(
+            brief_description=ctx.env.brief_description,
+            episode=state["episode"],
+            num_episodes=opts.num_episodes,
+            context=opts.context,
+            memory=state.get("memory", []),
+            history=history,
+            moves=state.get("moves", []),
+            observation=state["observation"],
+            invalid_reason=state.get("invalid_reason", ""),
+        )
+    else:
+        messages = play_messages(
+            task_description=ctx.env.task_description,
+            episode=state["episode"],
+            num_episodes=opts.num_episodes,
+            context=opts.context,
+            memory=state.get("memory", []),
+            history=history,
+            initial_observation=state["initial_observation"],
+            moves=state.get("moves", []),
+            observation=state["observation"],
+            invalid_reason=state.get("invalid_reason", ""),
+            react=opts.react,
+        )
+    choices = None
+    if opts.constrain_actions:
+        choices = [f"<action>{a}</action>" for a in ctx.env.legal_actions()]
+    fields = await call_llm(ctx, messages, opts.max_tokens, "</action>", choices)
     pending = Turn(
         kind="play",
         episode=state["episode"],

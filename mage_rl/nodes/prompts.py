@@ -161,3 +161,47 @@ def reflect_messages(
         {"role": "system", "content": str(task_description) + "\n" + wording.same_task},
         {"role": "user", "content": "\n".join(parts)},
     ]
+
+
+def _compact_episode(ep: PastEpisode) -> str:
+    moves = ", ".join(ep.moves) if ep.moves else "no moves"
+    line = f"E{ep.index + 1}: {ep.initial_observation.splitlines()[0]} {moves}."
+    if ep.feedback:
+        line += f" {ep.feedback}"
+    return line + f" {ep.outcome}"
+
+
+def compact_play_messages(
+    *,
+    brief_description: str,
+    episode: int,
+    num_episodes: int,
+    context: str,
+    memory: Sequence[str],
+    history: Sequence[PastEpisode],
+    moves: Sequence[str],
+    observation: str,
+    invalid_reason: str = "",
+) -> list[Message]:
+    """A short play prompt for small models (the ``compact`` template).
+
+    The same information as :func:`play_messages` with fewer words: the environment's
+    brief description, one line per earlier episode (first observation line, moves,
+    feedback, outcome), reflections, and the current state. It suits models trained from
+    scratch or with constrained decoding, whose only job is to map state and history to
+    an action; instruction-tuned models do better with the full template.
+    """
+    parts: list[str] = []
+    if "history" in context:
+        parts.extend(_compact_episode(ep) for ep in history)
+    if "reflection" in context:
+        parts.extend(f"Note: {m}" for m in memory)
+    if moves:
+        parts.append("Moves: " + ", ".join(moves) + ".")
+    parts.append(f"Now E{episode + 1}/{num_episodes}: " + " ".join(observation.splitlines()))
+    if invalid_reason:
+        parts.append(f"Invalid: {invalid_reason}.")
+    return [
+        {"role": "system", "content": brief_description},
+        {"role": "user", "content": "\n".join(parts)},
+    ]

@@ -28,6 +28,10 @@ class SamplingParams:
         stop: Strings that end generation; the stop string is kept in the text so that a
             closing tag such as ``</action>`` stays parsable.
         seed: Seed for this request's sampler; ``None`` draws from the engine's stream.
+        choices: Constrained decoding: when non-empty, the response is exactly one of
+            these strings, sampled token by token from the softmax restricted to the
+            tokens that stay on a choice (:mod:`mage_rl.policy.constrained`); ``top_p``,
+            ``top_k`` and ``stop`` do not apply. Supported by the local engine.
     """
 
     temperature: float = 1.0
@@ -36,6 +40,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -46,6 +51,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not isinstance(self.choices, tuple):
+            object.__setattr__(self, "choices", tuple(self.choices))
+        if any(not isinstance(c, str) or not c for c in self.choices):
+            raise ValueError(f"choices must be non-empty strings, got {list(self.choices)}")
 
 
 @dataclass
@@ -59,6 +68,8 @@ class Generation:
         logprobs: ``logprobs[i]`` is the log-probability of ``response_ids[i]`` under the
             distribution it was sampled from (after temperature and truncation).
         finish_reason: ``"stop"`` (end of sequence or stop string) or ``"length"``.
+        allowed: With constrained decoding, the allowed token ids of every response
+            position (the support ``logprobs`` were normalised over); empty otherwise.
     """
 
     text: str
@@ -66,6 +77,7 @@ class Generation:
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
+    allowed: list[list[int]] = field(default_factory=list)
 
     @property
     def has_tokens(self) -> bool:

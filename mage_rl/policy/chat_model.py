@@ -8,6 +8,8 @@ adapter carries them through the message itself: the returned ``AIMessage`` hold
 * ``response_ids``: ``list[int]``,
 * ``logprobs``: ``list[float]``,
 * ``finish_reason``: ``"stop"`` or ``"length"``,
+* ``allowed``: ``list[list[int]]``, the allowed ids per response token when the call
+  passed ``choices=[...]`` (constrained decoding), else empty,
 * ``model_name``: the policy's name,
 
 as plain Python lists, never tensors: LangGraph's checkpointer serialises messages and
@@ -44,7 +46,8 @@ class PolicyChatModel(BaseChatModel):
 
     The sampling fields are defaults; ``temperature``, ``top_p``, ``top_k``,
     ``max_tokens``, ``stop`` and ``seed`` passed to ``invoke``/``ainvoke`` (or bound with
-    ``.bind``) override them for one call.
+    ``.bind``) override them for one call. ``choices=[...]`` turns on constrained decoding
+    for one call (see :class:`~mage_rl.policy.base.SamplingParams`).
 
     Example:
         >>> chat = PolicyChatModel(policy=engine, temperature=0.7, stop=["</action>"])
@@ -78,6 +81,7 @@ class PolicyChatModel(BaseChatModel):
         Raises:
             ValueError: On an unknown keyword or an invalid value.
         """
+        choices = tuple(overrides.pop("choices", None) or ())
         unknown = set(overrides) - set(_SAMPLING_KEYS)
         if unknown:
             raise ValueError(
@@ -89,7 +93,9 @@ class PolicyChatModel(BaseChatModel):
             values["stop"] = stop
         values.update(overrides)
         stops = values.pop("stop") or ()
-        return SamplingParams(stop=(stops,) if isinstance(stops, str) else tuple(stops), **values)
+        return SamplingParams(
+            stop=(stops,) if isinstance(stops, str) else tuple(stops), choices=choices, **values
+        )
 
     async def _agenerate(
         self,
@@ -163,6 +169,7 @@ def generation_from_message(message: BaseMessage) -> Generation:
         response_ids=_int_list(metadata.get("response_ids") or metadata.get("token_ids")),
         logprobs=_logprob_list(metadata.get("logprobs")),
         finish_reason="length" if metadata.get("finish_reason") == "length" else "stop",
+        allowed=[_int_list(ids) for ids in metadata.get("allowed") or []],
     )
 
 
@@ -173,6 +180,7 @@ def _chat_result(generation: Generation, model_name: str) -> ChatResult:
         "logprobs": [float(x) for x in generation.logprobs],
         "finish_reason": generation.finish_reason,
         "model_name": model_name,
+        "allowed": [[int(i) for i in ids] for ids in generation.allowed],
     }
     usage = None
     if generation.response_ids:

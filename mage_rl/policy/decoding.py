@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from mage_rl.policy.base import Generation, SamplingParams
+from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
 from mage_rl.policy.sampling import draw, sampling_logprobs
 from mage_rl.policy.tokenization import find_stop
 
@@ -50,6 +51,9 @@ class DecodeRequest:
         top_logprobs: How many alternatives ``on_token`` receives per token.
         response_ids: Sampled ids so far.
         logprobs: Their recorded log-probs.
+        candidates: Constrained decoding: the token ids of every allowed response
+            (:mod:`mage_rl.policy.constrained`); ``None`` samples freely.
+        allowed: With ``candidates``, the allowed token ids of every sampled position.
     """
 
     prompt_ids: list[int]
@@ -62,6 +66,8 @@ class DecodeRequest:
     top_logprobs: int = 0
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    candidates: list[list[int]] | None = None
+    allowed: list[list[int]] = field(default_factory=list)
     _text_len: int = 0
 
 
@@ -139,6 +145,7 @@ def decode_batch(
             top_p = torch.tensor([r.params.top_p for r in active], device=device)
             while True:
                 logp = sampling_logprobs(logits, temperature, top_k, top_p)  # (B, V)
+                _constrain(active, logits, logp)
                 tokens, token_logp = draw(
                     logp, [r.params.temperature == 0 for r in active], [r.generator for r in active]
                 )
@@ -206,6 +213,32 @@ def _report_tokens(
         request.on_token(int(tokens[i]), float(token_logp[i]), top)  # type: ignore[misc]
 
 
+def _constrain(active: list[DecodeRequest], logits: torch.Tensor, logp: torch.Tensor) -> None:
+    """Replace the rows of constrained requests by their restricted distribution, in place."""
+    for i, request in enumerate(active):
+        if request.candidates is None:
+            continue
+        allowed = allowed_next(request.candidates, request.response_ids)
+        logp[i] = restricted_logprobs(logits[i], request.params.temperature, allowed)
+        request.allowed.append(allowed)
+
+
+def _complete_forced(request: DecodeRequest) -> None:
+    """Once one choice is left, append its remaining tokens without forward passes.
+
+    Each such token is the only allowed one, so its restricted log-prob is exactly 0.
+    """
+    assert request.candidates is not None
+    prefix = request.response_ids
+    left = [c for c in request.candidates if list(c[: len(prefix)]) == prefix]
+    if len(left) != 1:
+        return
+    for token in left[0][len(prefix) :]:
+        request.response_ids.append(int(token))
+        request.logprobs.append(0.0)
+        request.allowed.append([int(token)])
+
+
 def _advance(
     request: DecodeRequest,
     token: int,
@@ -222,13 +255,17 @@ def _advance(
     text: str | None = None
     if token in eos_ids:
         finish_reason = "stop"
-    elif request.params.stop:
+    elif request.params.stop and request.candidates is None:
         text = _decode(tokenizer, request.response_ids)
         # A few characters of slack: a multi-byte character split across tokens decodes to
         # a replacement character that the next token may turn into a shorter string.
         if find_stop(text, request.params.stop, max(0, request._text_len - 4)):
             finish_reason = "stop"
         request._text_len = len(text)
+    if request.candidates is not None:
+        _complete_forced(request)
+        if is_complete(request.candidates, request.response_ids):
+            finish_reason = "stop"
     if finish_reason is None and len(request.response_ids) >= request.max_new_tokens:
         finish_reason = "length"
     if finish_reason is None:
@@ -242,6 +279,7 @@ def _advance(
             response_ids=list(request.response_ids),
             logprobs=list(request.logprobs),
             finish_reason=finish_reason,
+            allowed=[list(ids) for ids in request.allowed],
         )
     )
     return True

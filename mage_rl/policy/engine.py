@@ -41,6 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, SamplingParams
+from mage_rl.policy.constrained import choice_token_ids
 from mage_rl.policy.decoding import DecodeRequest, DecodeStats, decode_batch
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
@@ -125,6 +126,7 @@ class LocalEngine:
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+        self._choices_cache: dict[tuple[str, ...], list[list[int]]] = {}
 
     async def generate(
         self, messages: list[Message], params: SamplingParams | None = None
@@ -176,13 +178,24 @@ class LocalEngine:
                 f"prompt of {len(prompt)} tokens leaves no room in the model's context of "
                 f"{self.max_context} tokens; shorten the chat (e.g. fewer reflections)"
             )
+        candidates = self._choice_ids(params.choices) if params.choices else None
+        max_new = min(params.max_tokens, room)
+        if candidates is not None:
+            # A constrained response ends when it equals a choice; max_tokens does not cut it.
+            max_new = max(len(c) for c in candidates)
+            if max_new > room:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens leaves {room} tokens in the model's "
+                    f"context, fewer than the longest choice ({max_new} tokens)"
+                )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Generation] = loop.create_future()
         request = DecodeRequest(
             prompt_ids=prompt,
             params=params,
             generator=self._generator(params.seed),
-            max_new_tokens=min(params.max_tokens, room),
+            max_new_tokens=max_new,
+            candidates=candidates,
             resolve=lambda outcome: _settle_threadsafe(loop, future, outcome),
             cancelled=future.cancelled,
             on_token=_threadsafe_callback(loop, on_token) if on_token else None,
@@ -239,6 +252,16 @@ class LocalEngine:
         self.close()
 
     # -- internals -------------------------------------------------------------------
+
+    def _choice_ids(self, choices: tuple[str, ...]) -> list[list[int]]:
+        """Token ids of constrained-decoding choices, tokenized once per distinct set."""
+        cached = self._choices_cache.get(choices)
+        if cached is None:
+            cached = choice_token_ids(self.tokenizer, choices)
+            if len(self._choices_cache) >= 1024:
+                self._choices_cache.clear()
+            self._choices_cache[choices] = cached
+        return cached
 
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:

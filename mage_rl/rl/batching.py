@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mage_rl.policy.constrained import allowed_index
 from mage_rl.rl.records import MetaEpisodeRecord
 
 
@@ -28,12 +29,16 @@ class Sample:
         response_ids: Sampled response token ids.
         old_logprobs: Log-probs of ``response_ids`` under the sampling policy.
         advantage: Advantage of the sample, applied to each of its response tokens.
+        allowed: For a response sampled with constrained decoding, the allowed token ids
+            of every response position (:mod:`mage_rl.policy.constrained`); the learner
+            then scores each token under the restricted softmax. Empty: unrestricted.
     """
 
     prompt_ids: Sequence[int]
     response_ids: Sequence[int]
     old_logprobs: Sequence[float]
     advantage: float
+    allowed: Sequence[Sequence[int]] = ()
 
     @classmethod
     def coerce(cls, item: Any) -> Sample:
@@ -63,6 +68,18 @@ class Sample:
                 f"{len(self.old_logprobs)} log-probs; the rollout backend must return one "
                 "sampling log-prob per response token"
             )
+        if self.allowed:
+            if len(self.allowed) != len(self.response_ids):
+                raise ValueError(
+                    f"sample {index} has {len(self.response_ids)} response tokens but "
+                    f"{len(self.allowed)} allowed sets; constrained responses need one per token"
+                )
+            for j, (token, ids) in enumerate(zip(self.response_ids, self.allowed, strict=True)):
+                if ids and token not in ids:
+                    raise ValueError(
+                        f"sample {index}: response token {j} ({token}) is not in its allowed "
+                        f"set {list(ids)}; the record does not match constrained decoding"
+                    )
 
     @property
     def length(self) -> int:
@@ -96,7 +113,9 @@ def samples_from_records(
                     "training needs a policy backend that returns token ids and sampling "
                     "log-probs (the local engine or vLLM, not a text-only endpoint)"
                 )
-            samples.append(Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv)))
+            samples.append(
+                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed)
+            )
     return samples
 
 
@@ -143,6 +162,8 @@ class MicroBatch:
         advantages: Per-token advantages, ``(B, R)`` float32.
         mask: 1 on valid response tokens, ``(B, R)`` float32.
         min_prompt_len: Shortest prompt of the batch (logits before it are not needed).
+        allowed_index: Allowed ids of constrained positions, ``(B, R, A)`` int64 padded
+            with -1, or ``None`` when no sample was constrained.
     """
 
     input_ids: torch.Tensor
@@ -153,6 +174,7 @@ class MicroBatch:
     advantages: torch.Tensor
     mask: torch.Tensor
     min_prompt_len: int
+    allowed_index: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -173,7 +195,8 @@ class MicroBatch:
                 "mask",
             )
         }
-        return MicroBatch(**moved, min_prompt_len=self.min_prompt_len)
+        allowed = None if self.allowed_index is None else self.allowed_index.to(device)
+        return MicroBatch(**moved, min_prompt_len=self.min_prompt_len, allowed_index=allowed)
 
 
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
@@ -206,4 +229,5 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         advantages=advantages,
         mask=mask,
         min_prompt_len=min(len(s.prompt_ids) for s in samples),
+        allowed_index=allowed_index([s.allowed for s in samples], resp_width),
     )

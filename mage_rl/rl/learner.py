@@ -322,7 +322,7 @@ class Learner:
     def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor:
         with torch.no_grad(), self._reference() as ref:
             logits = self._response_logits(ref, batch, temperature)
-            return gather_logprobs(logits, batch.response_ids)
+            return gather_logprobs(logits, batch.response_ids, batch.allowed_index)
 
     @staticmethod
     def _prepare_samples(samples: Iterable[Any]) -> list[Sample]:
@@ -343,7 +343,8 @@ class Learner:
         """Log-probs of each sample's response tokens under the current policy.
 
         Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only
-        ``prompt_ids`` and ``response_ids`` of the samples are read.
+        ``prompt_ids``, ``response_ids`` and ``allowed`` (constrained positions are scored
+        under the restricted softmax) of the samples are read.
         """
         temp = self.config.temperature if temperature is None else temperature
         items = [Sample.coerce(s) for s in samples]
@@ -359,12 +360,13 @@ class Learner:
                     items[i].response_ids,
                     [0.0] * len(items[i].response_ids),
                     0.0,
+                    items[i].allowed,
                 )
                 for i in chosen
             ]
             batch = collate(ids_only).to(self.device)
             logits = self._response_logits(self.model, batch, temp)
-            logp = gather_logprobs(logits, batch.response_ids)
+            logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
             for row, i in enumerate(chosen):
                 out[i] = logp[row, : len(items[i].response_ids)].tolist()
         return out
@@ -399,17 +401,21 @@ class Learner:
         for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
             batch = collate([items[i] for i in group]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
-            logp = gather_logprobs(logits, batch.response_ids)  # (B, R)
+            logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
             pg_loss, pg_stats = policy_loss(
                 logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
             )
             loss = pg_loss
             if cfg.entropy_coef > 0:
-                entropy = token_mean(entropy_from_logits(logits), batch.mask, total)
+                entropy = token_mean(
+                    entropy_from_logits(logits, batch.allowed_index), batch.mask, total
+                )
                 loss = loss - cfg.entropy_coef * entropy
             else:
                 with torch.no_grad():
-                    entropy = token_mean(entropy_from_logits(logits.detach()), batch.mask, total)
+                    entropy = token_mean(
+                        entropy_from_logits(logits.detach(), batch.allowed_index), batch.mask, total
+                    )
             if cfg.kl_coef > 0:
                 ref_logp = self._reference_logprobs(batch, temp)
                 kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)

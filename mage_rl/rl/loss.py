@@ -127,31 +127,71 @@ def kl_penalty(
     return kl.clamp(min=-KL_CLAMP, max=KL_CLAMP)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax distribution at each position.
+def entropy_from_logits(
+    logits: torch.Tensor, allowed_index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position.
 
-    ``H = logsumexp(z) - sum(softmax(z) * z)``, computed in float32.
+    ``H = logsumexp(z) - sum(softmax(z) * z)``, computed in float32. Positions restricted
+    by constrained decoding use the restricted distribution (see :func:`gather_logprobs`).
 
     Args:
         logits: ``(B, T, V)``, already divided by the sampling temperature.
+        allowed_index: Optional ``(B, T, A)`` allowed token ids padded with -1.
 
     Returns:
         Per-token entropy, ``(B, T)``; aggregate with :func:`token_mean`.
     """
     logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    if allowed_index is None:
+        return entropy
+    sub, restricted = _restricted_logits(logits, allowed_index)
+    sub_probs = torch.softmax(sub, dim=-1)
+    sub_entropy = torch.logsumexp(sub, dim=-1) - (sub_probs * sub.clamp(min=-1e30)).sum(dim=-1)
+    return torch.where(restricted, sub_entropy, entropy)
 
 
-def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Log-probability of ``token_ids`` under the softmax of ``logits``, in float32.
+def gather_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, allowed_index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Log-probability of ``token_ids`` under the sampling distribution, in float32.
+
+    Without ``allowed_index`` that is the softmax of ``logits``. With it, a position whose
+    allowed set is non-empty uses the softmax restricted to that set,
+    ``z_t - logsumexp(z_a for a in allowed)``, exactly as constrained decoding sampled it
+    (:mod:`mage_rl.policy.constrained`); positions whose row is all -1 stay unrestricted.
 
     Args:
-        logits: ``(B, T, V)``.
+        logits: ``(B, T, V)``, already divided by the sampling temperature.
         token_ids: ``(B, T)`` int64.
+        allowed_index: Optional ``(B, T, A)`` int64 allowed ids padded with -1.
 
     Returns:
         ``(B, T)``.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    if allowed_index is None:
+        return logp
+    sub, restricted = _restricted_logits(logits, allowed_index)
+    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    return torch.where(restricted, picked - torch.logsumexp(sub, dim=-1), logp)
+
+
+def _restricted_logits(
+    logits: torch.Tensor, allowed_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the allowed ids, ``(B, T, A)`` with -inf on padding, and which rows are restricted.
+
+    Unrestricted rows keep their first slot finite, so that no ``logsumexp`` over an empty
+    set produces a NaN gradient through the branch :func:`torch.where` discards.
+    """
+    index = allowed_index.to(logits.device)
+    valid = index >= 0  # (B, T, A)
+    restricted = valid.any(dim=-1)  # (B, T)
+    keep = valid.clone()
+    keep[..., 0] |= ~restricted
+    sub = logits.gather(-1, index.clamp(min=0)).masked_fill(~keep, float("-inf"))
+    return sub, restricted

@@ -41,6 +41,8 @@ class Turn:
         reward: Task reward emitted by the environment after this turn (non-zero only on
             the last play turn of an episode).
         prompt_text: The rendered prompt messages, kept for inspection and tests.
+        allowed: With constrained decoding, the allowed token ids of every response
+            position (the learner scores the restricted softmax); empty otherwise.
     """
 
     kind: TurnKind
@@ -59,6 +61,7 @@ class Turn:
     finish_reason: str = "stop"
     reward: float = 0.0
     prompt_text: list[dict[str, str]] = field(default_factory=list)
+    allowed: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

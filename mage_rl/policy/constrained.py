@@ -1,0 +1,124 @@
+"""Constrained decoding: sample one of a fixed set of strings, token by token.
+
+Small models rarely produce a well-formed answer such as ``<action>BET</action>`` on their
+own. With ``SamplingParams(choices=(...))`` the engine samples only continuations that
+stay on one of the given strings:
+
+1. Every choice is tokenized once (its canonical tokenization, no special tokens); the
+   choices form a trie of token sequences.
+2. At response position ``j``, the *allowed set* is the set of next tokens of the choices
+   whose first ``j`` tokens equal the response so far.
+3. The token is drawn from the softmax of the tempered logits restricted to the allowed
+   set (``log p(t) = z_t / T - logsumexp(z_a / T for a in allowed)``). Top-k and top-p do
+   not apply. At ``T == 0`` the argmax of the allowed set is taken and its log-prob is
+   recorded under the untempered restricted distribution (the greedy convention of
+   :mod:`mage_rl.policy.sampling`).
+4. The response ends as soon as it equals a whole choice.
+
+The engine records the allowed set of every response position next to the log-probs
+(``Generation.allowed``). The learner scores a response with exactly the same restricted
+softmax (:func:`mage_rl.rl.loss.gather_logprobs` with an ``allowed_index``), so the PPO
+ratio is 1 when the weights have not changed. A position with one allowed token has
+log-prob 0 and carries no gradient: only the tokens where choices diverge are learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+def choice_token_ids(tokenizer: PreTrainedTokenizerBase, choices: Sequence[str]) -> list[list[int]]:
+    """Tokenize the choices and check that they can be decoded one token at a time.
+
+    Args:
+        tokenizer: The engine's tokenizer.
+        choices: Distinct non-empty strings.
+
+    Returns:
+        One token-id list per choice.
+
+    Raises:
+        ValueError: On duplicates, a choice that does not decode back to itself, or a
+            choice whose tokens are a prefix of another's (the response could not tell
+            where to stop).
+    """
+    if len(set(choices)) != len(choices):
+        raise ValueError(f"choices must be distinct, got {list(choices)}")
+    sequences: list[list[int]] = []
+    for choice in choices:
+        ids = [int(i) for i in tokenizer.encode(choice, add_special_tokens=False)]
+        if not ids:
+            raise ValueError(f"choice {choice!r} tokenizes to nothing")
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        if decoded != choice:
+            raise ValueError(
+                f"choice {choice!r} decodes back as {decoded!r} with this tokenizer; "
+                "constrained decoding needs choices that round-trip exactly"
+            )
+        sequences.append(ids)
+    for a, first in enumerate(sequences):
+        for b, second in enumerate(sequences):
+            if a != b and len(first) <= len(second) and second[: len(first)] == first:
+                raise ValueError(
+                    f"choice {choices[a]!r} is a token prefix of {choices[b]!r}; make the "
+                    "choices end distinctly (e.g. wrap them in closing tags)"
+                )
+    return sequences
+
+
+def allowed_next(candidates: Sequence[Sequence[int]], prefix: Sequence[int]) -> list[int]:
+    """Token ids that keep ``prefix`` on at least one candidate, sorted and distinct."""
+    j = len(prefix)
+    allowed = {int(c[j]) for c in candidates if len(c) > j and list(c[:j]) == list(prefix)}
+    return sorted(allowed)
+
+
+def is_complete(candidates: Sequence[Sequence[int]], response: Sequence[int]) -> bool:
+    """Whether ``response`` equals one whole candidate."""
+    return any(list(c) == list(response) for c in candidates)
+
+
+def restricted_logprobs(
+    logits: torch.Tensor, temperature: float, allowed: Sequence[int]
+) -> torch.Tensor:
+    """Log-probs of one position's restricted distribution.
+
+    Args:
+        logits: Raw logits of one position, shape ``(V,)``.
+        temperature: Sampling temperature; 0 uses the untempered logits (greedy
+            convention).
+        allowed: Allowed token ids (non-empty).
+
+    Returns:
+        Float32 ``(V,)``, ``-inf`` outside ``allowed``.
+    """
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    index = torch.as_tensor(list(allowed), dtype=torch.long, device=logits.device)
+    out = torch.full_like(scaled, float("-inf"))
+    out[index] = torch.log_softmax(scaled[index], dim=-1)
+    return out
+
+
+def allowed_index(allowed: Sequence[Sequence[Sequence[int]]], length: int) -> torch.Tensor | None:
+    """Pack per-sample, per-position allowed sets into a ``(B, R, A)`` tensor.
+
+    Args:
+        allowed: For each sample, one allowed-id list per response token (an empty outer
+            list, or an empty inner list, means unrestricted).
+        length: ``R``, the padded response length.
+
+    Returns:
+        Int64 tensor padded with -1, or ``None`` when no position is restricted.
+    """
+    width = max((len(ids) for sample in allowed for ids in sample), default=0)
+    if width == 0:
+        return None
+    index = torch.full((len(allowed), length, width), -1, dtype=torch.long)
+    for b, sample in enumerate(allowed):
+        for j, ids in enumerate(sample):
+            if ids:
+                index[b, j, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+    return index
