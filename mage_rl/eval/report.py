@@ -25,7 +25,7 @@ from mage_rl.eval.metrics import summarize_with_intervals
 
 log = logging.getLogger(__name__)
 
-ENV_TITLES = {"kuhn_poker": "Kuhn Poker", "tic_tac_toe": "Tic-Tac-Toe"}
+ENV_TITLES = {"kuhn_poker": "Kuhn Poker", "tic_tac_toe": "Tic-Tac-Toe", "sokoban": "Sokoban"}
 SEATS = ("first", "second")
 
 

@@ -13,7 +13,6 @@ from mage_rl.config import RunConfig
 from mage_rl.envs import (
     ENV_NAMES,
     POPULATION_PRESETS,
-    Population,
     episode_seed,
     make_env,
     make_opponent,
@@ -25,6 +24,7 @@ from mage_rl.envs.sokoban import (
 )
 from mage_rl.envs.sokoban_room import Room, generate_room, solve
 from mage_rl.graphs import GraphOptions, mage_graph
+
 
 class ScriptedChat(FakeListChatModel):
     """Play turns from ``responses`` in order, reflect turns from ``reflections``."""
