@@ -234,6 +234,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             rounds=args.rounds,
         )
         report = format_rollout_report(result)
+    elif args.what == "serve":
+        from mage_rl.bench.serve import bench_serve, format_serve_report
+
+        result = bench_serve(
+            model=args.model,
+            clients=[int(c) for c in args.clients.split(",")],
+            requests=args.requests,
+            max_tokens=args.max_tokens,
+            dtype=args.dtype,
+            seed=args.seed,
+        )
+        report = format_serve_report(result)
     else:
         from mage_rl.bench.learner import bench_learner, format_learner_report
 
@@ -310,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
-    p.add_argument("what", choices=["rollout", "learner"])
+    p.add_argument("what", choices=["rollout", "learner", "serve"])
     p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the raw result to this file")
@@ -326,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-len", type=int, default=300)
     g.add_argument("--response-len", type=int, default=40)
     g.add_argument("--repeats", type=int, default=2)
+    g = p.add_argument_group("serve (also uses --max-tokens and --dtype)")
+    g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
+    g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
     p.set_defaults(func=_cmd_bench)
 
     for register in _EXTRA_PARSERS:
@@ -344,6 +359,15 @@ def _register_eval(sub: argparse._SubParsersAction) -> None:
 
 
 _EXTRA_PARSERS.append(_register_eval)
+
+
+def _register_serve(sub: argparse._SubParsersAction) -> None:
+    from mage_rl.serve.cli import register
+
+    register(sub)
+
+
+_EXTRA_PARSERS.append(_register_serve)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

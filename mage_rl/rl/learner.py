@@ -59,6 +59,7 @@ from mage_rl.rl.loss import (
 logger = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
     "k_proj",
@@ -540,10 +541,14 @@ class Learner:
         return state
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Save model (HF ``save_pretrained``; adapters only with LoRA), optimizer and RNG.
+        """Save model (HF ``save_pretrained``), optimizer and RNG.
 
-        Everything is written to a temporary sibling directory that then replaces
-        ``directory`` by renames, so a crash never leaves a half-written checkpoint.
+        ``model/`` is always a complete HF model that ``mage serve``, ``vllm serve`` and
+        ``load_model`` read. With LoRA it holds the merged weights
+        (:meth:`state_dict_for_inference`) and the adapters alone go to ``adapter/``,
+        which :meth:`load` restores. Everything is written to a temporary sibling
+        directory that then replaces ``directory`` by renames, so a crash never leaves a
+        half-written checkpoint.
 
         Returns:
             The checkpoint directory.
@@ -555,7 +560,11 @@ class Learner:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        self.model.save_pretrained(tmp / MODEL_DIR)
+        if self.config.lora:
+            self.model.save_pretrained(tmp / ADAPTER_DIR)
+            self.export(tmp / MODEL_DIR)
+        else:
+            self.model.save_pretrained(tmp / MODEL_DIR)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self._rng_state(), tmp / "rng.pt")
         meta = {"step": self.step, "lora": self.config.lora, "config": asdict(self.config)}
@@ -569,11 +578,28 @@ class Learner:
             shutil.rmtree(old)
         return target
 
+    def export(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the current policy as a plain HF model directory (LoRA merged).
+
+        Args:
+            directory: Where ``config.json`` and the safetensors weights go; the caller
+                adds the tokenizer (``tokenizer.save_pretrained``).
+
+        Returns:
+            ``directory``.
+        """
+        target = Path(directory)
+        model = self.model.get_base_model() if self.config.lora else self.model
+        # The base of a PEFT model still carries the adapter layers; the state dict given
+        # here has the plain architecture's names, so the files describe a plain model.
+        model.save_pretrained(target, state_dict=self.state_dict_for_inference())
+        return target
+
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Restore a checkpoint written by :meth:`save` into this learner.
 
         The learner must wrap the same architecture (and, with LoRA, the same base
-        weights: only adapters are stored). A checkpoint interrupted between its two
+        weights: only adapters are restored). A checkpoint interrupted between its two
         renames is found under its ``.old`` name.
         """
         path = Path(directory)
@@ -605,9 +631,12 @@ class Learner:
         if self.config.lora:
             from peft import set_peft_model_state_dict
 
-            result = set_peft_model_state_dict(
-                self.model, load_file(model_dir / "adapter_model.safetensors")
-            )
+            # Adapters sit in adapter/ next to the merged model/; older checkpoints kept
+            # them in model/ itself.
+            adapter = model_dir.parent / ADAPTER_DIR / "adapter_model.safetensors"
+            if not adapter.exists():
+                adapter = model_dir / "adapter_model.safetensors"
+            result = set_peft_model_state_dict(self.model, load_file(adapter))
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
             if unexpected:
                 raise ValueError(

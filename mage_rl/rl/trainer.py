@@ -171,8 +171,8 @@ class Trainer:
     def save(self, iteration: int) -> Path:
         path = self.run_dir / "checkpoints" / f"iter_{iteration:06d}"
         self.learner.save(path)
-        if not self.cfg.learner.lora:
-            self.tokenizer.save_pretrained(path / "model")
+        # model/ is a complete HF model (merged with LoRA): servable as it is.
+        self.tokenizer.save_pretrained(path / "model")
         _atomic_write(path / STATE_FILE, json.dumps({"iteration": iteration}))
         checkpoints = sorted(
             (p for p in path.parent.iterdir() if p.name.startswith("iter_")),

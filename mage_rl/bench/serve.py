@@ -1,0 +1,231 @@
+"""Serving throughput: one client at a time versus many concurrent clients.
+
+What it measures:
+
+1. Load the model once and start the real server (:func:`~mage_rl.serve.create_app` on
+   uvicorn, loopback, a free port) over one batched
+   :class:`~mage_rl.policy.engine.LocalEngine` whose ``max_batch_size`` is the largest
+   client count. One short request warms it up before any clock starts.
+2. For each client count ``c``: ``c`` clients (asyncio tasks sharing one
+   ``openai.AsyncOpenAI`` HTTP client) send the same ``requests`` chat completions in a
+   closed loop: each client sends its next request as soon as the previous one is
+   answered. Request ``i`` has a fixed prompt (a short Kuhn Poker decision, varied by
+   card and history) and the sampling seed ``seed + i``, so every client count samples
+   the same responses and generates the same number of tokens, up to rare last-bit
+   differences of padded batches (the report shows each level's token count).
+3. Report wall time, requests per second, generated tokens per second (``usage`` of the
+   responses), latency (mean, p50, p95), the engine's batches and mean batch size over
+   the level, and process CPU time over wall time.
+
+The ratio of the largest client count to one client, of requests/s and tokens/s, is the
+claim: how much batching concurrent requests into shared forward passes buys over HTTP.
+Absolute figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mage_rl.policy.models import DType
+
+logger = logging.getLogger(__name__)
+
+CARDS = ("J", "Q", "K")
+HISTORIES = (
+    "You act first.",
+    "Your opponent checked (PASS).",
+    "Your opponent bet 1 chip (BET).",
+    "You checked and your opponent bet 1 chip.",
+)
+
+
+def bench_prompt(i: int) -> list[dict[str, str]]:
+    """The chat of request ``i``: a Kuhn Poker decision, varied by card and history."""
+    card, history = CARDS[i % 3], HISTORIES[(i // 3) % len(HISTORIES)]
+    return [
+        {
+            "role": "system",
+            "content": "You are playing Kuhn Poker (cards J < Q < K, ante 1 chip). Think "
+            "briefly, then answer with <action>BET</action> or <action>PASS</action>.",
+        },
+        {"role": "user", "content": f"Your card is {card}. {history} What do you do?"},
+    ]
+
+
+def bench_serve(
+    model: str = "smollm2",
+    clients: Sequence[int] = (1, 16),
+    requests: int = 32,
+    max_tokens: int = 32,
+    dtype: DType = "auto",
+    seed: int = 0,
+    on_request: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Time ``requests`` chat completions through the HTTP server at each client count.
+
+    Args:
+        model: Model spec for :func:`~mage_rl.policy.models.load_model` (``smollm2``,
+            ``tiny`` or a path).
+        clients: Concurrent client counts, run in this order on the same server.
+        requests: Chat completions per client count (the same ones at every count).
+        max_tokens: Response limit of every request.
+        dtype: Model dtype: ``auto``, ``bf16`` or ``fp32``.
+        seed: Sampling seed of request 0 (request ``i`` uses ``seed + i``) and engine seed.
+        on_request: Called with the client count each time a request is answered (for
+            progress bars).
+
+    Returns:
+        ``{"config": {...}, "levels": {c: {...}}, "ratios": {...}}``. Each level has
+        ``clients``, ``requests``, ``wall_s``, ``requests_per_s``, ``completion_tokens``,
+        ``tokens_per_s``, ``latency_mean_s``, ``latency_p50_s``, ``latency_p95_s``,
+        ``batches``, ``mean_batch``, ``cpu_cores``. ``ratios`` compares the largest client
+        count with the smallest (``requests_per_s`` and ``tokens_per_s``); it is empty
+        when only one count ran.
+
+    Raises:
+        ValueError: On a client count or ``requests`` below 1, repeated client counts, or
+            ``max_tokens`` below 1.
+        ImportError: If the serve extra (fastapi, uvicorn, openai) is missing.
+    """
+    import torch
+
+    clients = tuple(int(c) for c in clients)
+    if not clients or min(clients) < 1 or len(set(clients)) != len(clients):
+        raise ValueError(f"clients={list(clients)}: give distinct client counts >= 1")
+    if requests < 1:
+        raise ValueError(f"requests must be >= 1, got {requests}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    try:
+        import openai
+    except ImportError as error:
+        raise ImportError("bench serve needs the serve extra: pip install 'mage-rl[serve]'") from error
+
+    from mage_rl.policy.engine import LocalEngine
+    from mage_rl.policy.models import load_model, resolve_dtype
+    from mage_rl.serve import create_app, serve_in_thread
+
+    lm, tokenizer = load_model(model, dtype=dtype)
+    levels: dict[int, dict[str, Any]] = {}
+    with LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine:
+        with serve_in_thread(create_app(engine, model)) as url:
+            warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
+            warm.chat.completions.create(model=model, messages=bench_prompt(0), max_tokens=4)
+            for count in clients:
+                logger.info("bench serve: %d requests from %d client(s)", requests, count)
+                levels[count] = asyncio.run(
+                    _run_level(engine, url, model, count, requests, max_tokens, seed, on_request)
+                )
+    ratios: dict[str, float] = {}
+    if len(clients) > 1:
+        low, high = levels[min(clients)], levels[max(clients)]
+        for key in ("requests_per_s", "tokens_per_s"):
+            ratios[key] = high[key] / max(low[key], 1e-12)
+    return {
+        "config": {
+            "model": model,
+            "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
+            "clients": list(clients),
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "max_batch_size": max(clients),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "levels": levels,
+        "ratios": ratios,
+    }
+
+
+async def _run_level(
+    engine: Any,
+    url: str,
+    model: str,
+    clients: int,
+    requests: int,
+    max_tokens: int,
+    seed: int,
+    on_request: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    """Send ``requests`` requests from ``clients`` closed-loop clients; measure."""
+    import openai
+
+    latencies: list[float] = []
+    tokens = 0
+    batches, answered = engine.stats.batches, engine.stats.requests
+
+    async def client(aclient: openai.AsyncOpenAI, indices: range) -> None:
+        nonlocal tokens
+        for i in indices:
+            start = time.perf_counter()
+            reply = await aclient.chat.completions.create(
+                model=model, messages=bench_prompt(i), max_tokens=max_tokens, temperature=1.0,
+                seed=seed + i,
+            )  # fmt: skip
+            latencies.append(time.perf_counter() - start)
+            tokens += reply.usage.completion_tokens if reply.usage else 0
+            if on_request:
+                on_request(clients)
+
+    # One HTTP client for all; its pool (up to 1,000 connections) gives each client its own.
+    async with openai.AsyncOpenAI(
+        base_url=url, api_key="bench", max_retries=0, timeout=600
+    ) as aclient:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(client(aclient, range(w, requests, clients)) for w in range(clients)))
+        wall = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
+    n_batches = engine.stats.batches - batches
+    ordered = sorted(latencies)
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "wall_s": wall,
+        "requests_per_s": len(latencies) / wall,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "latency_mean_s": statistics.fmean(latencies),
+        "latency_p50_s": ordered[len(ordered) // 2],
+        "latency_p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        "batches": n_batches,
+        "mean_batch": (engine.stats.requests - answered) / max(n_batches, 1),
+        "cpu_cores": cpu / wall,
+    }
+
+
+def format_serve_report(result: dict[str, Any]) -> str:
+    """A markdown table of :func:`bench_serve`'s result, one row per client count."""
+    cfg = result["config"]
+    lines = [
+        f"Serving: {cfg['requests']} chat completions (max_tokens={cfg['max_tokens']}) per "
+        f"client count through the HTTP server, model {cfg['model']} ({cfg['dtype']}), "
+        f"engine max batch {cfg['max_batch_size']}, {cfg['torch_threads']} torch threads, "
+        f"seed {cfg['seed']}",
+        "",
+        "| clients | wall s | requests/s | tokens | tokens/s | latency mean s | p50 s | p95 s "
+        "| mean batch | CPU cores |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for level in result["levels"].values():
+        lines.append(
+            f"| {level['clients']} | {level['wall_s']:.1f} | {level['requests_per_s']:.2f} "
+            f"| {level['completion_tokens']} | {level['tokens_per_s']:.1f} "
+            f"| {level['latency_mean_s']:.2f} | {level['latency_p50_s']:.2f} "
+            f"| {level['latency_p95_s']:.2f} | {level['mean_batch']:.1f} "
+            f"| {level['cpu_cores']:.2f} |"
+        )
+    ratios = result.get("ratios") or {}
+    if ratios:
+        counts = result["config"]["clients"]
+        lines += [
+            "",
+            f"{max(counts)} clients / {min(counts)} client(s): {ratios['requests_per_s']:.2f}x "
+            f"requests/s, {ratios['tokens_per_s']:.2f}x tokens/s.",
+        ]
+    return "\n".join(lines)

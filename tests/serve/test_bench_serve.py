@@ -1,0 +1,50 @@
+"""``mage bench serve`` runs end to end on the tiny model; only the result's shape is
+checked (timings are measurements, not assertions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mage_rl.bench.serve import bench_prompt, bench_serve, format_serve_report
+from mage_rl.cli import build_parser
+
+
+def test_bench_serve_reports_each_client_count_and_the_ratio() -> None:
+    answered: list[int] = []
+    result = bench_serve(model="tiny", clients=(1, 3), requests=6, max_tokens=4, dtype="fp32",
+                         on_request=answered.append)  # fmt: skip
+    assert result["config"]["clients"] == [1, 3] and result["config"]["max_batch_size"] == 3
+    assert answered.count(1) == answered.count(3) == 6
+    levels = result["levels"]
+    assert list(levels) == [1, 3]
+    for count, level in levels.items():
+        assert level["clients"] == count and level["requests"] == 6
+        assert 6 <= level["completion_tokens"] <= 6 * 4
+        assert level["batches"] >= 1 and 1.0 <= level["mean_batch"] <= count
+        assert level["latency_p50_s"] <= level["latency_p95_s"]
+        for key in ("wall_s", "requests_per_s", "tokens_per_s", "latency_mean_s", "cpu_cores"):
+            assert math.isfinite(level[key]) and level[key] > 0
+    assert levels[1]["mean_batch"] == 1.0
+    # Same prompts and seeds at both counts: the same responses, up to rare last-bit flips.
+    assert abs(levels[1]["completion_tokens"] - levels[3]["completion_tokens"]) <= 4
+    assert set(result["ratios"]) == {"requests_per_s", "tokens_per_s"}
+    report = format_serve_report(result)
+    assert "| 1 |" in report and "| 3 |" in report and "3 clients / 1 client(s)" in report
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"clients": ()}, "clients="), ({"clients": (0,)}, "clients="), ({"clients": (2, 2)}, "clients="),
+     ({"requests": 0}, "requests"), ({"max_tokens": 0}, "max_tokens")],
+)  # fmt: skip
+def test_bench_serve_rejects_bad_settings(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        bench_serve(model="tiny", **kwargs)
+
+
+def test_bench_prompts_vary_and_the_command_is_registered() -> None:
+    assert len({bench_prompt(i)[1]["content"] for i in range(12)}) == 12
+    args = build_parser().parse_args(["bench", "serve", "--clients", "1,8", "--requests", "4"])
+    assert (args.what, args.clients, args.requests, args.max_tokens) == ("serve", "1,8", 4, 32)
