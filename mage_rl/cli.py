@@ -179,10 +179,12 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from mage_rl.cluster.backends import trainer_class
     from mage_rl.config import TrainConfig, load_config
-    from mage_rl.rl.trainer import Trainer
 
-    cfg = load_config(args.config, args.set, TrainConfig)
+    overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
+    cfg = load_config(args.config, overrides, TrainConfig)
+    Trainer = trainer_class(cfg.train.backend)
     name = cfg.train.run_name or Path(args.config).stem
     if args.run_dir:
         run_dir = Path(args.run_dir)
@@ -319,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--run-dir", default=None, help="run folder (default: OUT_DIR/RUN_NAME)")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray", "openrlhf"],
+        default=None,
+        help="where rollouts and updates run (default: train.backend of the config; "
+        "see docs/cluster.md)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")

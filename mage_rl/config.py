@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mage_rl.cluster.settings import OpenRLHFSection
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.learner import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
@@ -243,6 +244,20 @@ class TrainSection(_Strict):
     )
     save_every: int = Field(1, ge=1, description="Checkpoint every N iterations (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    backend: Literal["local", "ray", "openrlhf"] = Field(
+        "local",
+        description="local: one process; ray: rollout workers as Ray actors on CPUs, the "
+        "learner in this process (docs/cluster.md); openrlhf: OpenRLHF's DeepSpeed + vLLM "
+        "Ray PPO on GPUs with MAGE rollouts and advantages (needs the cluster extra).",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join (e.g. 'auto' or 'ray://head:10001'); None starts a "
+        "local Ray instance.",
+    )
+    num_workers: int = Field(
+        2, ge=1, description="Rollout workers of backend ray (one CPU and one engine each)."
+    )
     recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
         "auto",
         description="PPO's old log-probs: 'never' uses the sampler's recorded ones (exact "
@@ -261,6 +276,7 @@ class TrainConfig(RunConfig):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     eval: EvalSection = Field(default_factory=EvalSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    openrlhf: OpenRLHFSection = Field(default_factory=OpenRLHFSection)
 
     @model_validator(mode="after")
     def _check_training(self) -> TrainConfig:

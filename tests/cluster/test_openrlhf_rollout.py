@@ -1,0 +1,164 @@
+"""The cluster rollout path on a CPU, with OpenRLHF's own modules where they import here.
+
+Meta-episode graphs are driven through :class:`VLLMEnginePolicy` by stand-in engines that
+follow vLLM's token-level generate contract but run the local engine; their turns become
+OpenRLHF ``Experience`` objects carrying MAGE advantages; OpenRLHF's ``Actor`` scores them
+and its ``PolicyLoss`` and KL agree with MAGE's own loss functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from mage_rl import runtime
+from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
+from mage_rl.cluster.standin import LocalVLLMEngine, sampling_params_namespace
+from mage_rl.cluster.vllm_policy import VLLMEnginePolicy, to_vllm_kwargs
+from mage_rl.config import TrainConfig, load_config
+from mage_rl.policy.base import SamplingParams
+from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.models import load_model
+from mage_rl.rl.advantages import compute_advantages
+from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.learner import Learner, LearnerConfig
+from mage_rl.rl.loss import kl_penalty, policy_loss
+
+pytest.importorskip("openrlhf", reason="the dev set-up installs openrlhf (scripts/setup.sh dev)")
+from openrlhf.models import Actor, PolicyLoss  # noqa: E402
+from openrlhf.models.utils import compute_approx_kl  # noqa: E402
+from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
+
+CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    """B=2 tasks x G=4 meta-episodes through two stand-in engines."""
+    cfg = load_config(CONFIG, ["rollout.concurrency=8"], TrainConfig)
+    model, tokenizer = load_model("tiny", dtype="fp32")
+    engines = [LocalEngine(model, tokenizer, seed=s) for s in (1, 2)]
+    standins = [LocalVLLMEngine(e) for e in engines]
+    policy = VLLMEnginePolicy(
+        standins,
+        tokenizer,
+        max_model_len=4096,
+        sampling_params_factory=sampling_params_namespace,
+        name="standin",
+    )
+    llm = runtime.chat_model(policy, temperature=1.0, max_tokens=cfg.policy.max_tokens)
+    tasks = runtime.tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed)
+    try:
+        records = runtime.run_rollouts(cfg, runtime.build_graph(cfg), llm, tasks, 4)
+    finally:
+        for e in engines:
+            e.close()
+    return cfg, model, tokenizer, policy, standins, records
+
+
+def test_graphs_run_on_the_standin_engines(rollout) -> None:
+    cfg, model, _tok, policy, standins, records = rollout
+    assert len(records) == 8
+    turns = [t for r in records for t in r.turns]
+    assert sum(s.requests for s in standins) == len(turns)  # one request per LLM call
+    assert all(s.requests > 0 for s in standins)  # spread over both engines
+    assert {t.kind for t in turns} >= {"play"}
+    # Every turn carries ids and the sampling log-probs, and those are the model's own:
+    # the learner's fresh fp32 pass reproduces them.
+    samples = samples_from_records(records, compute_advantages(records))[:16]
+    learner = Learner(model, LearnerConfig(kl_coef=0.0, dtype="fp32"))
+    fresh = learner.compute_logprobs(samples)
+    for s, lp in zip(samples, fresh, strict=True):
+        assert torch.allclose(torch.tensor(list(s.old_logprobs)), torch.as_tensor(lp), atol=1e-4)
+
+
+def test_vllm_request_follows_the_contract() -> None:
+    kwargs = to_vllm_kwargs(SamplingParams(temperature=0.7, top_k=0, stop=("</action>",)), 32)
+    assert kwargs["top_k"] == -1 and kwargs["logprobs"] == 1
+    assert kwargs["include_stop_str_in_output"] and kwargs["stop"] == ["</action>"]
+    with pytest.raises(ValueError, match="constrain_actions"):
+        to_vllm_kwargs(SamplingParams(choices=("PASS", "BET")), 8)
+
+
+def test_prompt_too_long_for_the_engines_is_refused(rollout) -> None:
+    _cfg, _m, tokenizer, _p, standins, _r = rollout
+    small = VLLMEnginePolicy(
+        standins, tokenizer, max_model_len=4, sampling_params_factory=sampling_params_namespace
+    )
+    with pytest.raises(ValueError, match="max_len"):
+        asyncio.run(small.generate([{"role": "user", "content": "a long prompt " * 5}]))
+
+
+def test_experiences_carry_mage_advantages(rollout) -> None:
+    cfg, _m, _t, _p, _s, records = rollout
+    advantages = compute_advantages(records, cfg.returns, cfg.advantages)
+    exps = experiences_from_records(records, cfg.returns, cfg.advantages)
+    turns = [t for r in records for t in r.turns]
+    flat = [a for per in advantages for a in per]
+    assert len(exps) == len(turns) == len(flat)
+    assert all(isinstance(e, Experience) for e in exps)
+    for exp, turn, adv in zip(exps, turns, flat, strict=True):
+        p, n = len(turn.prompt_ids), len(turn.response_ids)
+        assert exp.sequences.shape == (1, p + n)
+        assert exp.action_mask.shape == (1, p + n - 1)
+        assert int(exp.action_mask.sum()) == n
+        # Index i of the per-token fields is the token at position i + 1.
+        picked = exp.sequences[0, 1:][exp.action_mask[0]]
+        assert picked.tolist() == list(turn.response_ids)
+        assert torch.allclose(
+            exp.rollout_log_probs[0][exp.action_mask[0]], torch.tensor(turn.logprobs)
+        )
+        assert torch.allclose(exp.advantages[0][exp.action_mask[0]], torch.full((n,), adv))
+        assert float(exp.advantages[0][~exp.action_mask[0]].abs().sum()) == 0.0
+    # Opponent-grouped GiGPO: mean_norm centres every uid group (play and reflect pooled
+    # in A_E, anchors in A_S), so the advantages are not all equal.
+    assert len({round(a, 6) for a in flat}) > 1
+
+
+def test_openrlhf_actor_loss_and_kl_agree_with_mage(rollout) -> None:
+    cfg, model, tokenizer, _p, _s, records = rollout
+    exps = experiences_from_records(records, cfg.returns, cfg.advantages)[:12]
+    # OpenRLHF's batching (right padding) and its experience maker's advantage step.
+    batch = Experience.concat_experiences(exps, tokenizer.pad_token_id)
+    (batch,) = keep_mage_advantages([batch])
+    actor = Actor(model, temperature=1.0)
+    actor.packing_samples = False  # set only by Actor's from-pretrained branch
+    actor.eval()
+    logp = actor(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
+    mask = batch.action_mask.float()
+    # OpenRLHF's actor reproduces the sampling log-probs the stand-in engine returned.
+    assert torch.allclose(logp * mask, batch.rollout_log_probs * mask, atol=1e-4)
+
+    # A perturbed "old" policy so that clipping is active on some tokens.
+    gen = torch.Generator().manual_seed(0)
+    old = batch.rollout_log_probs + 0.3 * torch.randn(logp.shape, generator=gen)
+    ours, stats = policy_loss(logp, old, batch.advantages, mask, clip_eps=0.2)
+    theirs, clip_ratio, ppo_kl, _vk, _fr = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2)(
+        logp, old, batch.advantages, action_mask=batch.action_mask
+    )
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert 0 < float(clip_ratio) < 1
+    assert torch.allclose(stats["approx_kl"], ppo_kl, atol=1e-6)
+    # k3 ("low_var_kl") to a reference: same per-token values on the response tokens.
+    ref = old.detach()
+    kl_theirs = compute_approx_kl(logp, ref, kl_estimator="k3")
+    assert torch.allclose(kl_penalty(logp, ref, "low_var_kl") * mask, kl_theirs * mask, atol=1e-5)
+
+
+def test_openrlhf_loss_trains_the_actor_on_mage_experiences(rollout) -> None:
+    cfg, _model, tokenizer, _p, _s, records = rollout
+    model, _ = load_model("tiny", dtype="fp32")
+    exps = experiences_from_records(records, cfg.returns, cfg.advantages)[:8]
+    (batch,) = keep_mage_advantages([Experience.concat_experiences(exps, tokenizer.pad_token_id)])
+    actor = Actor(model, temperature=1.0)
+    actor.packing_samples = False
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optim = torch.optim.SGD(actor.parameters(), lr=1e-2)
+    logp = actor(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
+    loss, *_ = PolicyLoss()(logp, batch.rollout_log_probs, batch.advantages, batch.action_mask)
+    loss.backward()
+    optim.step()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
