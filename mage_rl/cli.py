@@ -246,6 +246,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             dtype=args.dtype,
             seed=args.seed,
+            rounds=args.rounds,
         )
         report = format_serve_report(result)
     else:
@@ -347,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-len", type=int, default=300)
     g.add_argument("--response-len", type=int, default=40)
     g.add_argument("--repeats", type=int, default=2)
-    g = p.add_argument_group("serve (also uses --max-tokens and --dtype)")
+    g = p.add_argument_group("serve (also uses --max-tokens, --dtype and --rounds)")
     g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
     g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
     p.set_defaults(func=_cmd_bench)

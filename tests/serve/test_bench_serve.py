@@ -13,14 +13,15 @@ from mage_rl.cli import build_parser
 
 def test_bench_serve_reports_each_client_count_and_the_ratio() -> None:
     answered: list[int] = []
-    result = bench_serve(model="tiny", clients=(1, 3), requests=6, max_tokens=4, dtype="fp32",
+    result = bench_serve(model="tiny", clients=(1, 3), requests=6, max_tokens=4, dtype="fp32", rounds=2,
                          on_request=answered.append)  # fmt: skip
     assert result["config"]["clients"] == [1, 3] and result["config"]["max_batch_size"] == 3
-    assert answered.count(1) == answered.count(3) == 6
+    assert answered.count(1) == answered.count(3) == 2 * 6  # two rounds
     levels = result["levels"]
     assert list(levels) == [1, 3]
     for count, level in levels.items():
         assert level["clients"] == count and level["requests"] == 6
+        assert len(level["round_wall_s"]) == 2 and level["wall_s"] == min(level["round_wall_s"])
         assert 6 <= level["completion_tokens"] <= 6 * 4
         assert level["batches"] >= 1 and 1.0 <= level["mean_batch"] <= count
         assert level["latency_p50_s"] <= level["latency_p95_s"]
@@ -37,7 +38,7 @@ def test_bench_serve_reports_each_client_count_and_the_ratio() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"clients": ()}, "clients="), ({"clients": (0,)}, "clients="), ({"clients": (2, 2)}, "clients="),
-     ({"requests": 0}, "requests"), ({"max_tokens": 0}, "max_tokens")],
+     ({"requests": 0}, "requests"), ({"max_tokens": 0}, "max_tokens"), ({"rounds": 0}, "rounds")],
 )  # fmt: skip
 def test_bench_serve_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
