@@ -45,7 +45,7 @@ HISTORIES = (
 )
 
 
-def bench_prompt(i: int) -> list[dict[str, str]]:
+def bench_prompt(i: int) -> list[Any]:
     """The chat of request ``i``: a Kuhn Poker decision, varied by card and history."""
     card, history = CARDS[i % 3], HISTORIES[(i // 3) % len(HISTORIES)]
     return [
@@ -112,7 +112,9 @@ def bench_serve(
     try:
         import openai
     except ImportError as error:
-        raise ImportError("bench serve needs the serve extra: pip install 'mage-rl[serve]'") from error
+        raise ImportError(
+            "bench serve needs the serve extra: pip install 'mage-rl[serve]'"
+        ) from error
 
     from mage_rl.policy.engine import LocalEngine
     from mage_rl.policy.models import load_model, resolve_dtype
@@ -123,20 +125,22 @@ def bench_serve(
         logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.WARNING))
     lm, tokenizer = load_model(model, dtype=dtype)
     runs: dict[int, list[dict[str, Any]]] = {count: [] for count in clients}
-    with LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine:
-        with serve_in_thread(create_app(engine, model)) as url:
-            warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
-            warm.chat.completions.create(model=model, messages=bench_prompt(0), max_tokens=4)
-            for _ in range(rounds):
-                for count in clients:
-                    logger.info("bench serve: %d requests from %d client(s)", requests, count)
-                    runs[count].append(
-                        asyncio.run(
-                            _run_level(
-                                engine, url, model, count, requests, max_tokens, seed, on_request
-                            )
+    with (
+        LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine,
+        serve_in_thread(create_app(engine, model)) as url,
+    ):
+        warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
+        warm.chat.completions.create(model=model, messages=bench_prompt(0), max_tokens=4)
+        for _ in range(rounds):
+            for count in clients:
+                logger.info("bench serve: %d requests from %d client(s)", requests, count)
+                runs[count].append(
+                    asyncio.run(
+                        _run_level(
+                            engine, url, model, count, requests, max_tokens, seed, on_request
                         )
                     )
+                )
     levels = {}
     for count, done in runs.items():
         fastest = min(done, key=lambda r: r["wall_s"])
@@ -198,7 +202,9 @@ async def _run_level(
         base_url=url, api_key="bench", max_retries=0, timeout=600
     ) as aclient:
         start, cpu_start = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(client(aclient, range(w, requests, clients)) for w in range(clients)))
+        await asyncio.gather(
+            *(client(aclient, range(w, requests, clients)) for w in range(clients))
+        )
         wall = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
     n_batches = engine.stats.batches - batches

@@ -191,11 +191,15 @@ def create_app(
             if error.status_code in (404, 405)
             else str(error.detail)
         )
-        api = APIError(error.status_code, message, code="not_found" if error.status_code == 404 else None)
+        api = APIError(
+            error.status_code, message, code="not_found" if error.status_code == 404 else None
+        )
         return JSONResponse(api.body(), status_code=error.status_code)
 
     @app.middleware("http")
-    async def _guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def _guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         try:
             if request.url.path.startswith("/v1"):
                 state.check_key(request)
@@ -289,7 +293,9 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
-        raise APIError(400, f"the request body is not valid JSON ({error})", code="invalid_json") from error
+        raise APIError(
+            400, f"the request body is not valid JSON ({error})", code="invalid_json"
+        ) from error
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
@@ -305,7 +311,11 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
 
 
 def _meta(prefix: str, state: ServerState) -> dict[str, Any]:
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name}
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": state.model_name,
+    }
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:

@@ -47,25 +47,55 @@ def register(sub: argparse._SubParsersAction) -> None:
         "'vllm serve' on the same checkpoint instead (GPU).",
     )
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind; the loopback default keeps the server private")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; the loopback default keeps the server private",
+    )
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)")
-    p.add_argument("--engine", choices=["local", "vllm"], default="local",
-                   help="local: batched transformers engine (CPU or GPU); vllm: run vllm serve")
-    p.add_argument("--served-model-name", default=None,
-                   help="the name clients pass as model (default: MODEL_OR_CHECKPOINT as given)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["local", "vllm"],
+        default="local",
+        help="local: batched transformers engine (CPU or GPU); vllm: run vllm serve",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the name clients pass as model (default: MODEL_OR_CHECKPOINT as given)",
+    )
     g = p.add_argument_group("local engine")
     g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    g.add_argument("--max-batch-size", type=int, default=32,
-                   help="most requests decoded together (more: throughput; fewer: latency)")
-    g.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits for more requests before it starts")
-    g.add_argument("--default-max-tokens", type=int, default=None,
-                   help="response limit when a request sets none (default: the rest of the context)")
+    g.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="most requests decoded together (more: throughput; fewer: latency)",
+    )
+    g.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a batch waits for more requests before it starts",
+    )
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=None,
+        help="response limit when a request sets none (default: the rest of the context)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seeds requests that carry no seed")
     g = p.add_argument_group("vllm engine")
-    g.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument passed to vllm serve, repeatable (e.g. --vllm-arg=--max-model-len=8192)")
+    g.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument passed to vllm serve, repeatable (e.g. --vllm-arg=--max-model-len=8192)",
+    )
     p.set_defaults(func=_cmd_serve)

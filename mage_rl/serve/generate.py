@@ -22,7 +22,7 @@ top-k and top-p; see :mod:`mage_rl.policy.sampling`), like vLLM's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -176,22 +176,23 @@ async def stream_choices(
     streams = [TextStream(engine.tokenizer, p.stop, include_stop) for p in params]
     tops: list[list[TopList]] = [[] for _ in params]
 
-    def on_token(i: int):  # noqa: ANN202 - a closure per choice
+    def on_token(i: int) -> Callable[[int, float, TopList], None]:
         def push(token: int, logprob: float, top: TopList) -> None:
             tops[i].append(top)
             events.put_nowait(TokenEvent(i, token, logprob, top, streams[i].push(token)))
 
         return push
 
+    def finished(i: int) -> Callable[[asyncio.Task[Generation]], None]:
+        return lambda task: events.put_nowait((i, task))
+
     tasks = []
     for i, p in enumerate(params):
         task = asyncio.ensure_future(
-            engine.generate_from_ids(
-                prompt_ids, p, on_token=on_token(i), top_logprobs=top_logprobs
-            )
+            engine.generate_from_ids(prompt_ids, p, on_token=on_token(i), top_logprobs=top_logprobs)
         )
         # Token callbacks are queued on the loop before the answer, so "done" comes last.
-        task.add_done_callback(lambda t, i=i: events.put_nowait((i, t)))
+        task.add_done_callback(finished(i))
         tasks.append(task)
     try:
         remaining = len(tasks)
@@ -210,7 +211,9 @@ async def stream_choices(
             task.cancel()
 
 
-def token_entry(tokenizer: PreTrainedTokenizerBase, token: int, logprob: float) -> dict[str, object]:
+def token_entry(
+    tokenizer: PreTrainedTokenizerBase, token: int, logprob: float
+) -> dict[str, object]:
     """One ``{"token", "logprob", "bytes"}`` entry of chat log-probs."""
     text = str(tokenizer.decode([token]))
     return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(text.encode())}
@@ -246,7 +249,10 @@ def completion_logprobs(
         offsets.append(offset)
         offset += len(s)
     top = [
-        {str(tokenizer.decode([t])): max(lp, MIN_LOGPROB) for t, lp in (tops[j] if j < len(tops) else [])}
+        {
+            str(tokenizer.decode([t])): max(lp, MIN_LOGPROB)
+            for t, lp in (tops[j] if j < len(tops) else [])
+        }
         for j in range(len(tokens))
     ]
     return {

@@ -38,17 +38,21 @@ def tiny():
 @pytest.fixture(scope="package")
 def server(tiny) -> Iterator[Server]:
     model, tokenizer = tiny
-    with LocalEngine(model, tokenizer, max_batch_size=64, batch_wait_ms=10, name=MODEL) as engine:
-        with serve_in_thread(create_app(engine, MODEL)) as url:
-            yield Server(url, engine)
+    with (
+        LocalEngine(model, tokenizer, max_batch_size=64, batch_wait_ms=10, name=MODEL) as engine,
+        serve_in_thread(create_app(engine, MODEL)) as url,
+    ):
+        yield Server(url, engine)
 
 
 @pytest.fixture(scope="package")
 def keyed_server(tiny) -> Iterator[Server]:
     model, tokenizer = tiny
-    with LocalEngine(model, tokenizer, name=MODEL) as engine:
-        with serve_in_thread(create_app(engine, MODEL, api_key=API_KEY)) as url:
-            yield Server(url, engine)
+    with (
+        LocalEngine(model, tokenizer, name=MODEL) as engine,
+        serve_in_thread(create_app(engine, MODEL, api_key=API_KEY)) as url,
+    ):
+        yield Server(url, engine)
 
 
 @pytest.fixture(scope="package", autouse=True)

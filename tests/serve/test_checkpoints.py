@@ -39,10 +39,12 @@ def test_lora_checkpoint_holds_a_merged_servable_model(lora_run: Path) -> None:
     trained = dict(model.named_parameters())
     changed = [n for n, p in initial.named_parameters() if not torch.equal(p, trained[n])]
     assert changed and all("proj" in n for n in changed)  # LoRA targets, merged in
-    with LocalEngine(model, tokenizer, name="trained") as engine:
-        with serve_in_thread(create_app(engine, "trained")) as url:
-            client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-            reply = client.chat.completions.create(
+    with (
+        LocalEngine(model, tokenizer, name="trained") as engine,
+        serve_in_thread(create_app(engine, "trained")) as url,
+    ):
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
                 model="trained", messages=[{"role": "user", "content": "Your card is K."}],
                 max_tokens=4,
             )  # fmt: skip

@@ -76,7 +76,7 @@ def test_logprobs_are_the_sampling_logprobs(server, client) -> None:
         assert len(top) == 3
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
         assert entry["logprob"] <= top[0]["logprob"] + 1e-6
-    model, _ = server.engine.model, None
+    model = server.engine.model
     with torch.no_grad():
         forced = teacher_forced_logprobs(model, data["prompt_token_ids"], ids)
     assert torch.allclose(forced, torch.tensor([e["logprob"] for e in content]), atol=1e-3)
@@ -114,7 +114,9 @@ def test_stream_matches_the_whole_response(client) -> None:
         for e in c["choices"][0]["logprobs"]["content"]
     ]
     assert streamed_lp == [e["logprob"] for e in whole["choices"][0]["logprobs"]["content"]]
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == [whole["choices"][0]["finish_reason"]]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ids)
 
