@@ -42,6 +42,7 @@ MOVES: dict[str, tuple[int, int]] = {
 """The four moves as (row, column) offsets, in the order the solver tries them."""
 
 Cell = tuple[int, int]
+_State = tuple[int, frozenset[int]]  # (player, boxes) as integer cells, in the solver
 
 
 @dataclass(frozen=True)
@@ -198,20 +199,22 @@ def solve(room: Room, max_moves: int | None = None) -> list[str] | None:
     """
     if room.solved:
         return []
-    width = room.width
-    # Cells as integers r * width + c keep the search state small and hashable.
+    # Cells as integers r * stride + c keep the search state small and hashable; the
+    # stride leaves one column that is never free, so no move wraps round a row's end.
+    stride = room.width + 1
     free = {
-        r * width + c for r in range(room.height) for c in range(width) if (r, c) not in room.walls
+        r * stride + c
+        for r in range(room.height)
+        for c in range(room.width)
+        if (r, c) not in room.walls
     }
-    targets = frozenset(r * width + c for r, c in room.targets)
-    steps = [(name, dr * width + dc) for name, (dr, dc) in MOVES.items()]
-    start = (
-        room.player[0] * width + room.player[1],
-        frozenset(r * width + c for r, c in room.boxes),
+    targets = frozenset(r * stride + c for r, c in room.targets)
+    steps = [(name, dr * stride + dc) for name, (dr, dc) in MOVES.items()]
+    start: _State = (
+        room.player[0] * stride + room.player[1],
+        frozenset(r * stride + c for r, c in room.boxes),
     )
-    parent: dict[tuple[int, frozenset[int]], tuple[tuple[int, frozenset[int]], str] | None] = {
-        start: None
-    }
+    parent: dict[_State, tuple[_State, str]] = {}
     frontier = deque([(start, 0)])
     while frontier:
         state, depth = frontier.popleft()
@@ -230,14 +233,14 @@ def solve(room: Room, max_moves: int | None = None) -> list[str] | None:
             else:
                 next_boxes = boxes
             nxt = (ahead, next_boxes)
-            if nxt in parent:
+            if nxt in parent or nxt == start:
                 continue
             parent[nxt] = (state, name)
             if next_boxes == targets:
                 path = []
-                node: tuple[int, frozenset[int]] | None = nxt
-                while parent[node] is not None:  # type: ignore[index]
-                    node, move = parent[node]  # type: ignore[index,misc]
+                node = nxt
+                while node != start:
+                    node, move = parent[node]
                     path.append(move)
                 return path[::-1]
             frontier.append((nxt, depth + 1))

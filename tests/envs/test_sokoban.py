@@ -138,6 +138,11 @@ def test_solver_finds_a_shortest_solution() -> None:
         end = end.move(move)
     assert end.solved
     assert solve(room, max_moves=3) is None
+    # Rooms without an outer wall: the grid's edge blocks like a wall (no wrapping).
+    assert solve(Room.from_text("-@$\n.--")) is None
+    assert Room.from_text("-@$\n.--").blocked_reason("right") == (
+        "the box cannot be pushed into a wall"
+    )
 
 
 def test_room_text_round_trips_and_bad_rooms_are_rejected() -> None:
