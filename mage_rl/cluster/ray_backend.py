@@ -24,6 +24,7 @@ initialised (a notebook, a test), the backend uses that instance and leaves it r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -121,7 +122,7 @@ class RayTrainer(Trainer):
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             address = cfg.train.ray_address
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            ray.init(address=address, ignore_reinit_error=True)
             logger.info("ray started (%s)", address or "local")
         available = ray.cluster_resources().get("CPU", 0)
         if available < cfg.train.num_workers:
@@ -201,10 +202,9 @@ class RayTrainer(Trainer):
     def shutdown(self) -> None:
         """Stop the workers, and Ray itself if this trainer started it."""
         for worker in getattr(self, "workers", []):
-            try:
+            # A worker that died needs no closing.
+            with contextlib.suppress(Exception):
                 self._ray.get(worker.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead worker needs no closing
-                pass
             self._ray.kill(worker)
         self.workers = []
         if self._owns_ray and self._ray.is_initialized():

@@ -74,7 +74,9 @@ def generation_from_output(output: Any, prompt_ids: Sequence[int]) -> Generation
     if completion.logprobs is None:
         raise ValueError("the engine returned no log-probs; request them with logprobs=1")
     logprobs = []
-    for position, (token, candidates) in enumerate(zip(token_ids, completion.logprobs, strict=True)):
+    for position, (token, candidates) in enumerate(
+        zip(token_ids, completion.logprobs, strict=True)
+    ):
         if token not in candidates:
             raise ValueError(f"response token {position} ({token}) has no log-prob in the output")
         logprobs.append(float(candidates[token].logprob))

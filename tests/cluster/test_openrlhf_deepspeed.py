@@ -7,15 +7,13 @@ the pieces OpenRLHF's ``training_step`` uses: its ``Actor`` for log-probs, its
 
 from __future__ import annotations
 
+import importlib
 import socket
-from pathlib import Path
 
 import pytest
 import torch
 
-from mage_rl import runtime
 from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
-from mage_rl.config import TrainConfig, load_config
 from mage_rl.policy.models import load_model
 
 pytest.importorskip("openrlhf", reason="the dev set-up installs openrlhf (scripts/setup.sh dev)")
@@ -25,21 +23,11 @@ from openrlhf.models.loss import aggregate_loss  # noqa: E402
 from openrlhf.models.utils import compute_approx_kl  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 
-CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
-
 
 @pytest.fixture(scope="module")
-def batch():
+def batch(standin_rollout):
     """A padded batch of MAGE experiences from a real tiny-model rollout."""
-    cfg = load_config(CONFIG, ["rollout.tasks=1", "rollout.concurrency=4"], TrainConfig)
-    model, tokenizer = load_model("tiny", dtype="fp32")
-    engine = runtime.build_engine(cfg.policy, model, tokenizer)
-    try:
-        llm = runtime.chat_model(engine, temperature=1.0, max_tokens=cfg.policy.max_tokens)
-        tasks = runtime.tasks_for(cfg, 1, 0)
-        records = runtime.run_rollouts(cfg, runtime.build_graph(cfg), llm, tasks, 4)
-    finally:
-        engine.close()
+    cfg, _model, tokenizer, _standins, records = standin_rollout
     exps = experiences_from_records(records, cfg.returns, cfg.advantages)[:6]
     (merged,) = keep_mage_advantages([Experience.concat_experiences(exps, tokenizer.pad_token_id)])
     return merged
@@ -55,6 +43,9 @@ def gloo(tmp_path_factory):
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
         mp.setenv(key, value)
+    # DeepSpeed's CPU accelerator compiles a shared-memory all-reduce op on first use
+    # (~90 s of C++ build on 2 cores); a one-rank group never reduces across processes.
+    mp.setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
     deepspeed.init_distributed(dist_backend="gloo")
     yield
     if torch.distributed.is_initialized():
@@ -81,7 +72,9 @@ def test_zero_step_on_mage_experiences(batch, gloo, stage: int) -> None:
     with torch.no_grad():
         ref_actor = Actor(reference, temperature=1.0)
         ref_actor.packing_samples = False
-        ref_logp = ref_actor(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
+        ref_logp = ref_actor(
+            batch.sequences, batch.action_mask, attention_mask=batch.attention_mask
+        )
         old_logp = engine(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
     logp = engine(batch.sequences, batch.action_mask, attention_mask=batch.attention_mask)
     # On-policy: the old log-probs are this actor's, so the PPO ratio starts at 1.
