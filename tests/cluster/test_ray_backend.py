@@ -24,19 +24,23 @@ def _metrics(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
+def local_ray():
+    """A local Ray of two CPUs for this module."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, local_ray) -> tuple[Path, Path]:
     """The same config trained with backend ray (2 workers) and backend local."""
     root = tmp_path_factory.mktemp("runs")
     common = ["--set", "train.iterations=2", "--set", "eval.tasks=2", "--no-progress"]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        code = main(["train", str(CONFIG), "--backend", "ray", "--run-dir", str(root / "ray"),
-                     "--set", "train.num_workers=2", *common])  # fmt: skip
-        assert code == 0
-        # An existing Ray instance is used and left running for its owner.
-        assert ray.is_initialized()
-    finally:
-        ray.shutdown()
+    code = main(["train", str(CONFIG), "--backend", "ray", "--run-dir", str(root / "ray"),
+                 "--set", "train.num_workers=2", *common])  # fmt: skip
+    assert code == 0
+    # An existing Ray instance is used and left running for its owner.
+    assert ray.is_initialized()
     assert main(["train", str(CONFIG), "--run-dir", str(root / "local"), *common]) == 0
     return root / "ray", root / "local"
 
@@ -82,3 +86,29 @@ def test_worker_plays_with_the_weights_it_was_sent() -> None:
         assert all(t.response_ids and t.logprobs for r in records for t in r.turns)
     finally:
         worker.close()
+
+
+def test_graphs_drive_standin_engines_running_as_ray_actors(runs, local_ray) -> None:
+    """As on a cluster: engines are Ray actors and the policy awaits their ObjectRefs."""
+    from mage_rl import runtime
+    from mage_rl.cluster.standin import LocalVLLMEngine, sampling_params_namespace
+    from mage_rl.cluster.vllm_policy import VLLMEnginePolicy
+    from mage_rl.policy.models import load_model
+
+    cfg = load_config(CONFIG, [], TrainConfig)
+    _model, tokenizer = load_model("tiny", dtype="fp32")
+    actor = ray.remote(num_cpus=0)(LocalVLLMEngine).remote(model="tiny", seed=3)
+    try:
+        policy = VLLMEnginePolicy(
+            [actor], tokenizer, max_model_len=4096,
+            sampling_params_factory=sampling_params_namespace,
+        )  # fmt: skip
+        llm = runtime.chat_model(policy, temperature=1.0, max_tokens=cfg.policy.max_tokens)
+        tasks = [TaskInstance(seed=5, opponent="kuhn:conservative", seat=1)]
+        records = runtime.run_rollouts(cfg, runtime.build_graph(cfg), llm, tasks, 2)
+        turns = [t for r in records for t in r.turns]
+        assert len(records) == 2 and turns
+        assert all(len(t.logprobs) == len(t.response_ids) > 0 for t in turns)
+        assert policy.calls == [len(turns)]
+    finally:
+        ray.kill(actor)
