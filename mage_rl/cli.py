@@ -35,9 +35,11 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
 
     if args.game not in ("kuhn", "kuhn_poker"):
         raise SystemExit(f"mage oracle: exact values exist for kuhn only, not {args.game!r}")
-    oracle = kuhn_oracle(Population.parse(args.population, game="kuhn_poker"))
+    population = Population.parse(args.population, game="kuhn_poker")
+    oracle = kuhn_oracle(population)
+    bayes = _bayes_values(population)
     if args.json:
-        print(json.dumps(oracle.to_dict(), indent=2))
+        print(json.dumps(oracle.to_dict() | {"bayes_last_hand": bayes}, indent=2))
         return 0
     specs = list(oracle.population)
     pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
@@ -64,7 +66,37 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
         "population; ceiling: best response to each opponent, weighted; replay win: "
         "share of (deal, opponent) pairs where some line of play wins."
     )
+    if bayes:
+        ks = sorted(next(iter(bayes.values()))["fixed"])
+        last = Table(title="Last hand of K (fresh deals): best value after watching K-1 hands")
+        last.add_column("agent seat")
+        last.add_column("probing")
+        for k in ks:
+            last.add_column(f"K={k}", justify="right")
+        for seat, values in bayes.items():
+            for kind in ("fixed", "adaptive"):
+                last.add_row(seat, kind, *(_fmt(values[kind][k]) for k in ks))
+        console.print(last)
+        console.print(
+            "fixed: the K-1 earlier hands repeat one pure strategy; adaptive: probing may "
+            "change after each hand (Bayes-optimal for a last-hand objective). The last "
+            "hand best-responds to the posterior over the opponents."
+        )
     return 0
+
+
+def _bayes_values(population: object) -> dict[str, dict[str, dict[int, float]]]:
+    """Bayes last-hand values per seat, or nothing for non-deterministic opponents."""
+    from mage_rl.eval.bayes import bayes_last_hand
+
+    try:
+        return {
+            seat: bayes_last_hand(population, index)  # type: ignore[arg-type]
+            for index, seat in enumerate(("first", "second"))
+        }
+    except ValueError as err:
+        log.info("no Bayes last-hand values: %s", err)
+        return {}
 
 
 # -- opponents ---------------------------------------------------------------------------
@@ -222,6 +254,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "adaptation":
+        return _bench_adaptation(args)
     if args.what == "rollout":
         from mage_rl.bench.rollout import bench_rollout, format_rollout_report
 
@@ -266,6 +300,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _bench_adaptation(args: argparse.Namespace) -> int:
+    from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, bench_adaptation, format_table
+
+    methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
+    doc = bench_adaptation(
+        config=args.config or DEFAULT_CONFIG,
+        methods=methods,
+        seats=args.seats.split(","),
+        seeds=[int(s) for s in args.seeds.split(",")],
+        iterations=args.iterations,
+        eval_every=args.eval_every,
+        out=args.out,
+        overrides=args.set,
+        resume=not args.fresh,
+        log=console.print,
+    )
+    print(format_table(doc))
+    console.print(f"results: {args.out}")
     return 0
 
 
@@ -332,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
-    p.add_argument("what", choices=["rollout", "learner", "serve"])
+    p.add_argument("what", choices=["rollout", "learner", "serve", "adaptation"])
     p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the raw result to this file")
@@ -351,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("serve (also uses --max-tokens, --dtype and --rounds)")
     g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
     g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
+    g = p.add_argument_group("adaptation (trains every method; minutes to hours)")
+    g.add_argument("--config", default=None, help="base config (configs/kuhn_adaptation_tiny.yaml)")
+    g.add_argument("--methods", default="all", help="comma-separated, or all")
+    g.add_argument("--seats", default="first,second")
+    g.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    g.add_argument("--iterations", type=int, default=60, help="the budget of every run")
+    g.add_argument("--eval-every", type=int, default=10)
+    g.add_argument("--out", default="runs/adaptation/adaptation.json")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
     p.set_defaults(func=_cmd_bench)
 
     for register in _EXTRA_PARSERS:

@@ -103,6 +103,23 @@ class TextEnv(ABC):
         return self.task_description
 
     @property
+    def brief_observation(self) -> str:
+        """The current state in few tokens, for the ``compact`` prompt template.
+
+        Empty by default: the template then shows the full observation.
+        """
+        return ""
+
+    @property
+    def brief_summary(self) -> str:
+        """One short line about the finished episode for the ``compact`` template's history.
+
+        Empty by default: the template then builds the line from the episode's first
+        observation, moves and feedback.
+        """
+        return ""
+
+    @property
     @abstractmethod
     def initial_observation(self) -> str:
         """The observation the agent had at the start of the current episode."""

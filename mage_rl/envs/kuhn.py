@@ -68,10 +68,23 @@ class KuhnRules(GameRules):
         )
 
     def brief_description(self, seat: int) -> str:
-        return (
-            f"Kuhn Poker, J < Q < K, ante 1, bets of 1. You are Player {seat + 1}. "
-            "Answer <action>PASS</action> or <action>BET</action>."
-        )
+        return f"Kuhn poker as P{seat + 1}"
+
+    def _brief_bets(self, state: pyspiel.State, seat: int) -> str:
+        moves = betting(state)
+        if not moves:
+            return "none"
+        who = ("you" if i % 2 == seat else "opp" for i in range(len(moves)))
+        return ", ".join(f"{w} {ACTION_NAMES[a]}" for w, a in zip(who, moves, strict=True))
+
+    def brief_render(self, state: pyspiel.State, seat: int) -> str:
+        return f"card {CARDS[card_of(state, seat)]}, bets: {self._brief_bets(state, seat)}"
+
+    def brief_summary(self, state: pyspiel.State, seat: int) -> str:
+        line = f"card {CARDS[card_of(state, seat)]}, {self._brief_bets(state, seat)}"
+        if betting(state)[-2:] != [BET, PASS]:  # a showdown reveals the opponent's card
+            line += f", opp {CARDS[card_of(state, 1 - seat)]}"
+        return line + f", {float(state.returns()[seat]):+g}"
 
     def render(self, state: pyspiel.State, seat: int) -> str:
         lines = [f"Your card: {CARDS[card_of(state, seat)]}."]

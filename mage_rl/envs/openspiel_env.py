@@ -71,6 +71,14 @@ class GameRules(ABC):
         """A short version for the ``compact`` prompt template (default: the full one)."""
         return self.task_description(seat)
 
+    def brief_render(self, state: pyspiel.State, seat: int) -> str:
+        """The state in few tokens for the ``compact`` template (default: :meth:`render`)."""
+        return self.render(state, seat)
+
+    def brief_summary(self, state: pyspiel.State, seat: int) -> str:
+        """One short line about a finished game (default: none, see ``TextEnv``)."""
+        return ""
+
     @abstractmethod
     def render(self, state: pyspiel.State, seat: int) -> str:
         """The agent's observation of ``state`` (only what its seat may see)."""
@@ -218,6 +226,18 @@ class OpenSpielEnv(TextEnv):
     @property
     def brief_description(self) -> str:
         return self.rules.brief_description(self.seat)
+
+    @property
+    def brief_observation(self) -> str:
+        if self.state is None:
+            raise RuntimeError("brief_observation before reset()")
+        return self.rules.brief_render(self.state, self.seat)
+
+    @property
+    def brief_summary(self) -> str:
+        if self.state is None or not self.state.is_terminal():
+            return ""
+        return self.rules.brief_summary(self.state, self.seat)
 
     @property
     def initial_observation(self) -> str:

@@ -102,8 +102,8 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
             context=opts.context,
             memory=state.get("memory", []),
             history=history,
-            moves=state.get("moves", []),
-            observation=state["observation"],
+            moves=[],
+            observation=ctx.env.brief_observation or state["observation"],
             invalid_reason=state.get("invalid_reason", ""),
         )
     else:
@@ -171,6 +171,7 @@ async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]
                     moves=update["moves"],
                     feedback=info.feedback,
                     outcome=episode.outcome,
+                    brief=ctx.env.brief_summary,
                 )
             )
         ]

@@ -70,6 +70,7 @@ class PastEpisode:
     moves: list[str]
     feedback: str
     outcome: str
+    brief: str = ""
 
 
 def _episode_block(ep: PastEpisode) -> str:
@@ -164,6 +165,8 @@ def reflect_messages(
 
 
 def _compact_episode(ep: PastEpisode) -> str:
+    if ep.brief:
+        return f"E{ep.index + 1}: {ep.brief}"
     moves = ", ".join(ep.moves) if ep.moves else "no moves"
     line = f"E{ep.index + 1}: {ep.initial_observation.splitlines()[0]} {moves}."
     if ep.feedback:
@@ -186,8 +189,10 @@ def compact_play_messages(
     """A short play prompt for small models (the ``compact`` template).
 
     The same information as :func:`play_messages` with fewer words: the environment's
-    brief description, one line per earlier episode (first observation line, moves,
-    feedback, outcome), reflections, and the current state. It suits models trained from
+    brief description, one line per earlier episode (the environment's
+    :attr:`~mage_rl.envs.base.TextEnv.brief_summary` when it has one, else first
+    observation line, moves, feedback and outcome), reflections, and the current state
+    (pass the environment's ``brief_observation``). It suits models trained from
     scratch or with constrained decoding, whose only job is to map state and history to
     an action; instruction-tuned models do better with the full template.
     """

@@ -1,0 +1,478 @@
+"""Adaptation benchmark: does training on the last episode teach opponent identification?
+
+MAGE's claim (SPEC §4) is that rewarding the *last* episode of a meta-episode teaches an
+agent to read the opponent from earlier episodes and exploit it. This benchmark tests the
+claim on Kuhn Poker, where the exact values are known (SPEC §9):
+
+* ``fresh`` deals every episode, ``history`` context (the past hands, with the cards of
+  showdowns, in the prompt), K episodes, the training population conservative 0.3 /
+  aggressive 0.3 / intermediate 0.4, one fixed agent seat per run;
+* a small policy that learns on CPU in minutes (the config's ``policy.model``, by default
+  a tiny Qwen3 built in-process) with the compact prompt and constrained decoding;
+* every method trains from the same initial weights, on the same task seeds, for the
+  same number of iterations, and sees the same number of hands per iteration.
+
+Methods (:data:`METHODS`): ``mage`` (differential reward, stationary grouping, global
+anchors); ``gigpo_single`` (standard GiGPO on single hands: K = 1 and no history during
+training, the group three times larger so the hand count matches, evaluated in the
+K-hand protocol); ``single_episode_reward`` (meta-episodes, no cross-episode credit);
+``cumulative`` (LaMer); ``mage_mixed_groups`` (a group's rollouts face different
+opponents); ``mage_local_anchor`` (anchor states keyed by episode index).
+
+Evaluation is exact, not sampled: the policy decodes greedily, the opponents are
+deterministic, so a meta-episode's outcome is a function of its K deals. The evaluation
+plays every one of the ``6**K`` deal sequences against every opponent and weights them by
+the population, which gives the exact expected chips of every episode index (``ev@k``)
+for the greedy policy, with no sampling noise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from mage_rl.config import TrainConfig, load_config
+from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.rl.rollout import TaskInstance
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
+SEATS = ("first", "second")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One training recipe of the benchmark.
+
+    Attributes:
+        name: Key in the results.
+        description: One line for tables.
+        overrides: Dotted config overrides applied to the base config.
+        single_episode_training: Train on K = 1 (no history), evaluate on K episodes.
+    """
+
+    name: str
+    description: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    single_episode_training: bool = False
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("mage", "MAGE: differential reward, stationary groups, global anchors"),
+        Method(
+            "gigpo_single",
+            "GiGPO on single hands (K=1, no history in training)",
+            {"returns.mode": "single_episode"},
+            single_episode_training=True,
+        ),
+        Method(
+            "single_episode_reward",
+            "meta-episodes, per-episode reward, no cross-episode credit",
+            {"returns.mode": "single_episode"},
+        ),
+        Method("cumulative", "LaMer-style cumulative reward", {"returns.mode": "cumulative"}),
+        Method(
+            "mage_mixed_groups",
+            "MAGE with groups spanning opponents",
+            {"advantages.grouping": "mixed"},
+        ),
+        Method(
+            "mage_local_anchor",
+            "MAGE with episode-local anchor states",
+            {"advantages.anchor": "local"},
+        ),
+    )
+}
+
+
+# -- exact evaluation ------------------------------------------------------------------
+
+
+def deal_sequence_seeds(num_episodes: int, max_scan: int = 1_000_000) -> list[int]:
+    """One task seed for each of the ``6**K`` sequences of Kuhn deals under ``fresh``.
+
+    A task seed fixes every episode's deal (:func:`~mage_rl.envs.base.episode_seed`);
+    this scans seeds until each sequence of (agent card, opponent card) deals has one.
+    The deal does not depend on the seat or the opponent.
+
+    Raises:
+        RuntimeError: If ``max_scan`` seeds do not cover every sequence.
+    """
+    from mage_rl.envs import make_env
+    from mage_rl.envs.base import episode_seed
+
+    env = make_env("kuhn_poker", "kuhn:conservative", seat=0)
+    deals = list(product(range(3), repeat=2))
+    deals = [d for d in deals if d[0] != d[1]]
+    wanted = {seq: -1 for seq in product(deals, repeat=num_episodes)}
+    missing = len(wanted)
+    for seed in range(max_scan):
+        seq = []
+        for k in range(num_episodes):
+            env.reset(episode_seed(seed, k, "fresh"))
+            history = env.state.history()
+            seq.append((int(history[0]), int(history[1])))
+        key = tuple(seq)
+        if wanted[key] < 0:
+            wanted[key] = seed
+            missing -= 1
+            if missing == 0:
+                return [wanted[k] for k in sorted(wanted)]
+    raise RuntimeError(f"{max_scan} seeds did not cover all {len(wanted)} deal sequences")
+
+
+def exact_eval_tasks(
+    cfg: TrainConfig, seat: int, seeds: Sequence[int]
+) -> tuple[list[TaskInstance], list[float]]:
+    """Every deal sequence against every opponent, with its population weight."""
+    from mage_rl import runtime
+
+    population = runtime.population(cfg)
+    tasks, weights = [], []
+    for spec, weight in zip(population.specs, population.weights, strict=True):
+        for seed in seeds:
+            tasks.append(TaskInstance(seed, spec, seat))
+            weights.append(float(weight) / len(seeds))
+    return tasks, weights
+
+
+def exact_ev(
+    records: Sequence[MetaEpisodeRecord], weights: Sequence[float], num_episodes: int
+) -> dict[str, Any]:
+    """Population-weighted chips per episode index, overall and per opponent."""
+    by_task = {(r.seed, r.opponent): r for r in records}
+    if len(by_task) != len(records):
+        raise ValueError("exact evaluation needs one record per (seed, opponent)")
+    ev = [0.0] * num_episodes
+    per_opponent: dict[str, list[float]] = {}
+    opp_weight: dict[str, float] = {}
+    invalid = 0
+    for record, weight in zip(records, weights, strict=True):
+        payoffs = [float(e.payoff or 0.0) for e in record.episodes]
+        if len(payoffs) != num_episodes:
+            raise ValueError(
+                f"record {record.uid} played {len(payoffs)} episodes, expected {num_episodes} "
+                "(meta.stop_on_success must be false for the benchmark)"
+            )
+        invalid += sum(t.invalid for t in record.turns)
+        rows = per_opponent.setdefault(record.opponent, [0.0] * num_episodes)
+        opp_weight[record.opponent] = opp_weight.get(record.opponent, 0.0) + weight
+        for k, payoff in enumerate(payoffs):
+            ev[k] += weight * payoff
+            rows[k] += weight * payoff
+    return {
+        "ev_by_episode": ev,
+        "ev_by_opponent": {
+            spec: [v / opp_weight[spec] for v in rows] for spec, rows in per_opponent.items()
+        },
+        "invalid_turns": invalid,
+    }
+
+
+# -- one training run ------------------------------------------------------------------
+
+
+def method_config(
+    base: str | Path, method: Method, seat: str, seed: int, iterations: int, extra: Sequence[str]
+) -> tuple[TrainConfig, TrainConfig]:
+    """The training config and the K-episode evaluation config of one run."""
+    overrides = [
+        f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in method.overrides.items()
+    ]
+    common = [f"env.seat={seat}", f"rollout.seed={seed}", f"learner.seed={seed}", *extra]
+    eval_cfg = load_config(base, [*common, *overrides], cls=TrainConfig)
+    train_overrides = [*common, *overrides, f"train.iterations={iterations}"]
+    if method.single_episode_training:
+        k = eval_cfg.meta.episodes
+        train_overrides += [
+            "meta.episodes=1",
+            "meta.context=none",
+            f"rollout.group_size={eval_cfg.rollout.group_size * k}",
+        ]
+    train_cfg = load_config(base, train_overrides, cls=TrainConfig)
+    return train_cfg, eval_cfg
+
+
+def run_method(
+    method: Method,
+    seat: str,
+    *,
+    base_config: str | Path,
+    iterations: int,
+    eval_every: int,
+    seed: int,
+    deal_seeds: Sequence[int],
+    run_dir: Path,
+    extra: Sequence[str] = (),
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Train one method for one seat and evaluate it exactly every ``eval_every`` iterations."""
+    from mage_rl import runtime
+    from mage_rl.envs.base import resolve_seat
+    from mage_rl.rl.trainer import Trainer
+
+    train_cfg, eval_cfg = method_config(base_config, method, seat, seed, iterations, extra)
+    trainer = Trainer(train_cfg, run_dir, progress=False)
+    eval_graph = runtime.build_graph(eval_cfg)
+    greedy = runtime.chat_model(
+        trainer.engine, temperature=0.0, max_tokens=eval_cfg.policy.max_tokens
+    )
+    tasks, weights = exact_eval_tasks(eval_cfg, resolve_seat(seat, 0), deal_seeds)
+    k = eval_cfg.meta.episodes
+
+    def evaluate(iteration: int, train_seconds: float) -> dict[str, Any]:
+        start = time.perf_counter()
+        records = runtime.run_rollouts(eval_cfg, eval_graph, greedy, tasks, 1)
+        point = {"iteration": iteration, "train_seconds": round(train_seconds, 2)}
+        point |= exact_ev(records, weights, k)
+        point["eval_seconds"] = round(time.perf_counter() - start, 2)
+        if on_point is not None:
+            on_point(point)
+        return point
+
+    curve = [evaluate(0, 0.0)]
+    train_seconds = 0.0
+    for it in range(iterations):
+        start = time.perf_counter()
+        records = trainer.rollout(it)
+        stats = trainer.learn(records)
+        train_seconds += time.perf_counter() - start
+        trainer.metrics.log(it + 1, {"losses/" + key: value for key, value in stats.items()})
+        if (it + 1) % eval_every == 0 or it + 1 == iterations:
+            curve.append(evaluate(it + 1, train_seconds))
+    trainer.engine.close()
+    trainer.metrics.close()
+    last = curve[-1]
+    return {
+        "method": method.name,
+        "seat": seat,
+        "seed": seed,
+        "iterations": iterations,
+        "train_seconds": round(train_seconds, 1),
+        "ev_by_episode": last["ev_by_episode"],
+        "last_episode_ev": last["ev_by_episode"][-1],
+        "ev_by_opponent": last["ev_by_opponent"],
+        "curve": curve,
+        "config": train_cfg.model_dump(mode="json"),
+    }
+
+
+# -- the whole benchmark ---------------------------------------------------------------
+
+
+def reference_values() -> dict[str, dict[str, float]]:
+    """Oracle values of SPEC §9 for the training population, per seat."""
+    from mage_rl.envs import Population
+    from mage_rl.eval.bayes import bayes_last_hand
+    from mage_rl.eval.oracles import kuhn_oracle
+
+    population = Population.parse("kuhn_train", game="kuhn_poker")
+    oracle = kuhn_oracle(population)
+    out: dict[str, dict[str, float]] = {}
+    for index, seat in enumerate(oracle.seats):
+        bayes = bayes_last_hand(population, index, (2, 3, 4, 5))
+        out[seat.seat] = {
+            "nash": seat.nash,
+            "best_fixed": seat.best_fixed,
+            "ceiling": seat.ceiling,
+            "target": (seat.best_fixed + seat.ceiling) / 2,
+            **{f"bayes_last_hand_k{k}": v for k, v in bayes["adaptive"].items()},
+        }
+    return out
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds of one (method, seat) cell, with the runs kept."""
+    k = len(runs[0]["ev_by_episode"])
+    ev = [sum(r["ev_by_episode"][i] for r in runs) / len(runs) for i in range(k)]
+    return {
+        "ev_by_episode": ev,
+        "last_episode_ev": ev[-1],
+        "seeds": [r["seed"] for r in runs],
+        "train_seconds": [r["train_seconds"] for r in runs],
+        "runs": list(runs),
+    }
+
+
+def bench_adaptation(
+    *,
+    config: str | Path = DEFAULT_CONFIG,
+    methods: Sequence[str] = tuple(METHODS),
+    seats: Sequence[str] = SEATS,
+    seeds: Sequence[int] = (0,),
+    iterations: int = 60,
+    eval_every: int = 10,
+    out: str | Path = "runs/adaptation/adaptation.json",
+    overrides: Sequence[str] = (),
+    resume: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train every method for every seat and seed; write the results JSON as it goes.
+
+    Args:
+        config: Base training config (environment, model, batch sizes, learner).
+        methods: Keys of :data:`METHODS`.
+        seats: ``first`` and/or ``second``.
+        seeds: Training seeds (task sampling and the learner's shuffling); the initial
+            weights are the config's model and the same for every run.
+        iterations: Rollout-and-update iterations per run (the shared budget).
+        eval_every: Exact evaluation every N iterations (and after the last).
+        out: Results JSON; its folder also receives run folders and ``curves.png``.
+        overrides: ``key=value`` config overrides applied to every run.
+        resume: Keep runs already present in ``out`` (same method, seat and seed).
+        log: Where progress lines go.
+
+    Returns:
+        The results document (also written to ``out``).
+    """
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; valid: {', '.join(METHODS)}")
+    bad_seats = sorted(set(seats) - set(SEATS))
+    if bad_seats:
+        raise ValueError(f"unknown seat(s) {bad_seats}; valid: first, second")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = load_config(config, list(overrides), cls=TrainConfig)
+    doc: dict[str, Any] = {}
+    if resume and out.exists():
+        doc = json.loads(out.read_text())
+    doc.setdefault("results", {})
+    doc["reference"] = reference_values()
+    doc["setup"] = {
+        "config": str(config),
+        "overrides": list(overrides),
+        "iterations": iterations,
+        "eval_every": eval_every,
+        "episodes": base.meta.episodes,
+        "meta_episodes_per_iteration": base.rollout.tasks * base.rollout.group_size,
+        "evaluation": f"exact: greedy policy, all {6**base.meta.episodes} deal sequences "
+        "x every opponent, population-weighted",
+    }
+    deal_seeds = deal_sequence_seeds(base.meta.episodes)
+    for seat in seats:
+        for name in methods:
+            cell = doc["results"].setdefault(name, {}).get(seat)
+            done = {
+                r["seed"]: r for r in (cell or {}).get("runs", []) if r["iterations"] == iterations
+            }
+            runs = []
+            for seed in seeds:
+                if seed in done:
+                    log(f"{name} / {seat} / seed {seed}: kept from {out}")
+                    runs.append(done[seed])
+                    continue
+                run_dir = out.parent / "runs" / f"{name}_{seat}_seed{seed}_{int(time.time())}"
+                log(f"{name} / {seat} / seed {seed}: training {iterations} iterations in {run_dir}")
+
+                def show(point: dict[str, Any], name: str = name, seat: str = seat) -> None:
+                    ev = ", ".join(f"{v:+.3f}" for v in point["ev_by_episode"])
+                    log(
+                        f"  {name} {seat} iter {point['iteration']:>4} "
+                        f"train {point['train_seconds']:7.1f}s  ev@k [{ev}]"
+                    )
+
+                runs.append(
+                    run_method(
+                        METHODS[name],
+                        seat,
+                        base_config=config,
+                        iterations=iterations,
+                        eval_every=eval_every,
+                        seed=seed,
+                        deal_seeds=deal_seeds,
+                        run_dir=run_dir,
+                        extra=overrides,
+                        on_point=show,
+                    )
+                )
+                doc["results"][name][seat] = aggregate(runs)
+                _write_json(out, doc)
+            doc["results"][name][seat] = aggregate(runs)
+            _write_json(out, doc)
+    plot_curves(doc, out.with_name(out.stem + "_curves.png"))
+    return doc
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """A Markdown table: ev@k per method and seat, with the reference values."""
+    results = doc["results"]
+    seats = [s for s in SEATS if any(s in cells for cells in results.values())]
+    lines = []
+    for seat in seats:
+        ref = doc["reference"][seat]
+        k = doc["setup"]["episodes"]
+        lines.append(
+            f"\n**Agent {seat}** (best fixed {ref['best_fixed']:.4f}, target "
+            f"{ref['target']:.4f}, Bayes last hand K={k} "
+            f"{ref.get(f'bayes_last_hand_k{k}', float('nan')):.4f}, ceiling {ref['ceiling']:.4f})\n"
+        )
+        header = (
+            "| method | " + " | ".join(f"ev@{i + 1}" for i in range(k)) + " | train s | seeds |"
+        )
+        lines += [header, "|" + "---|" * (k + 3)]
+        for name, cells in results.items():
+            if seat not in cells:
+                continue
+            cell = cells[seat]
+            evs = " | ".join(f"{v:+.4f}" for v in cell["ev_by_episode"])
+            secs = "/".join(f"{s:.0f}" for s in cell["train_seconds"])
+            seeds = ",".join(str(s) for s in cell["seeds"])
+            lines.append(f"| {name} | {evs} | {secs} | {seeds} |")
+    return "\n".join(lines)
+
+
+def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
+    """Last-episode and first-episode EV against training time, one panel per seat."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = doc["results"]
+    seats = [s for s in SEATS if any(s in cells for cells in results.values())]
+    if not seats:
+        return None
+    fig, axes = plt.subplots(1, len(seats), figsize=(6.5 * len(seats), 4.5), squeeze=False)
+    for ax, seat in zip(axes[0], seats, strict=True):
+        ref = doc["reference"][seat]
+        for name, cells in results.items():
+            if seat not in cells:
+                continue
+            run = cells[seat]["runs"][0]
+            xs = [p["iteration"] for p in run["curve"]]
+            line = ax.plot(
+                xs,
+                [p["ev_by_episode"][-1] for p in run["curve"]],
+                marker="o",
+                label=f"{name} (last)",
+            )
+            ax.plot(
+                xs, [p["ev_by_episode"][0] for p in run["curve"]], ls=":", color=line[0].get_color()
+            )
+        for key, style in (("best_fixed", "--"), ("target", "-."), ("ceiling", ":")):
+            ax.axhline(ref[key], color="grey", ls=style, lw=1)
+            ax.text(0, ref[key], f" {key}", va="bottom", fontsize=7, color="grey")
+        ax.set_title(f"Kuhn Poker, agent {seat}: ev of the last hand (solid) and first (dotted)")
+        ax.set_xlabel("training iteration")
+        ax.set_ylabel("chips per hand (exact, greedy)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

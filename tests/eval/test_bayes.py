@@ -1,0 +1,93 @@
+"""Bayes last-hand values (SPEC §9) and the exact evaluation of the adaptation benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mage_rl.bench.adaptation import (
+    METHODS,
+    deal_sequence_seeds,
+    exact_ev,
+    exact_eval_tasks,
+    method_config,
+)
+from mage_rl.envs import Population
+from mage_rl.eval.bayes import bayes_last_hand, hand_table
+from tests.graphs.conftest import ScriptedChat
+
+POPULATION = Population.parse("kuhn_train", game="kuhn_poker")
+
+
+def test_first_seat_values_match_spec() -> None:
+    values = bayes_last_hand(POPULATION, 0, (1, 2, 3, 4, 5))
+    # SPEC §9: best fixed 0.0833, then 0.1944 (K=2), 0.2426, 0.2642, 0.2742.
+    expected = {1: 0.0833, 2: 0.1944, 3: 0.2426, 4: 0.2642, 5: 0.2742}
+    for k, v in expected.items():
+        assert values["fixed"][k] == pytest.approx(v, abs=5e-5)
+        assert values["adaptive"][k] >= values["fixed"][k] - 1e-9
+
+
+def test_second_seat_starts_at_best_fixed_and_grows_below_the_ceiling() -> None:
+    values = bayes_last_hand(POPULATION, 1, (1, 2, 3))
+    assert values["fixed"][1] == pytest.approx(1 / 6)
+    assert values["fixed"][1] < values["fixed"][2] < values["fixed"][3] < 0.2667
+
+
+def test_hand_table_best_responses_match_spec() -> None:
+    table = hand_table(POPULATION.specs, 0)
+    # Best response per opponent, agent first: 1/6, 1/3, 1/3 (SPEC §9).
+    assert table.values.max(axis=0) == pytest.approx([1 / 6, 1 / 3, 1 / 3])
+    for lik in table.likelihoods:  # each strategy's observations are a distribution
+        assert np.sum(lik, axis=0) == pytest.approx([1, 1, 1])
+
+
+def test_non_deterministic_opponents_are_refused() -> None:
+    from mage_rl.envs import register_opponent
+
+    register_opponent("kuhn", "coin_flip_test", lambda state, player, rng: int(rng.integers(2)))
+    mixed = Population((("kuhn_poker:conservative", 0.5), ("kuhn_poker:coin_flip_test", 0.5)))
+    with pytest.raises(ValueError, match="deterministically"):
+        bayes_last_hand(mixed, 0)
+
+
+def test_oracle_json_includes_bayes_values() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "mage_rl.cli", "oracle", "kuhn", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data = json.loads(out.stdout)
+    assert data["bayes_last_hand"]["first"]["fixed"]["3"] == pytest.approx(0.2426, abs=5e-5)
+
+
+def test_exact_evaluation_matches_the_enumerated_value_of_a_fixed_strategy() -> None:
+    """Always PASS, played through the real graph and environment on every deal sequence,
+    earns exactly what the enumeration says."""
+    from mage_rl import runtime
+
+    seeds = deal_sequence_seeds(2)
+    assert len(seeds) == 36 and len(set(seeds)) == 36
+    _, cfg = method_config(
+        "configs/kuhn_adaptation_tiny.yaml",
+        METHODS["mage"],
+        "first",
+        0,
+        1,
+        ["meta.episodes=2", "policy.constrain_actions=false"],
+    )
+    tasks, weights = exact_eval_tasks(cfg, 0, seeds)
+    assert sum(weights) == pytest.approx(1.0)
+    chat = ScriptedChat(responses=["<action>PASS</action>"])
+    records = runtime.run_rollouts(cfg, runtime.build_graph(cfg), chat, tasks, 1)
+    result = exact_ev(records, weights, 2)
+    table = hand_table(POPULATION.specs, 0)
+    always_pass = 0  # strategy index 0 is PASS at every information set
+    expected = float(table.values[always_pass] @ np.asarray(POPULATION.weights))
+    assert result["ev_by_episode"] == pytest.approx([expected, expected], abs=1e-9)
+    assert result["ev_by_opponent"]["kuhn_poker:aggressive"][0] == pytest.approx(-1.0)
