@@ -12,6 +12,7 @@ from typing import Any
 
 from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population
+from mage_rl.envs.base import derive_seed
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
 from mage_rl.rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
@@ -68,6 +69,26 @@ def tasks_for(cfg: RunConfig, n: int, base_seed: int, iteration: int = 0) -> lis
     return sample_tasks(
         population(cfg), n, base_seed=base_seed, iteration=iteration, seat=cfg.env.seat
     )
+
+
+def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
+    """The tasks of one training batch and the rollouts per task.
+
+    Under ``stationary`` grouping (MAGE) each of the B task instances has one opponent and
+    is played ``group_size`` times. Under ``mixed`` grouping (the ablation) the G rollouts
+    of a task seed each draw their own opponent from the population, so the group that
+    shares a baseline spans opponents; every rollout is then its own task instance.
+    """
+    tasks = tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed, iteration)
+    if cfg.advantages.grouping != "mixed":
+        return tasks, cfg.rollout.group_size
+    pop = population(cfg)
+    mixed = [
+        TaskInstance(task.seed, pop.sample(derive_seed("mixed", task.seed, r)), task.seat)
+        for task in tasks
+        for r in range(cfg.rollout.group_size)
+    ]
+    return mixed, 1
 
 
 def run_rollouts(

@@ -135,11 +135,9 @@ class Trainer:
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
         from mage_rl import runtime
 
-        tasks = runtime.tasks_for(
-            self.cfg, self.cfg.rollout.tasks, self.cfg.rollout.seed, iteration
-        )
+        tasks, group_size = runtime.training_tasks(self.cfg, iteration)
         return runtime.run_rollouts(
-            self.cfg, self.graph, self.train_llm, tasks, self.cfg.rollout.group_size, on_done
+            self.cfg, self.graph, self.train_llm, tasks, group_size, on_done
         )
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
