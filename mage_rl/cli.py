@@ -281,6 +281,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             seed=args.seed,
             rounds=args.rounds,
+            threads=args.threads,
         )
         report = format_serve_report(result)
     else:
@@ -406,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("serve (also uses --max-tokens, --dtype and --rounds)")
     g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
     g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     g = p.add_argument_group("adaptation (trains every method; minutes to hours)")
     g.add_argument("--config", default=None, help="base config (configs/kuhn_adaptation_tiny.yaml)")
     g.add_argument("--methods", default="all", help="comma-separated, or all")

@@ -66,6 +66,7 @@ def bench_serve(
     dtype: DType = "auto",
     seed: int = 0,
     rounds: int = 1,
+    threads: int | None = None,
     on_request: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Time ``requests`` chat completions through the HTTP server at each client count.
@@ -81,6 +82,9 @@ def bench_serve(
         rounds: Times each client count runs, the counts alternating; each reports its
             fastest round. Other processes can only add time, so on a shared machine the
             fastest round is the best estimate of the machine's own speed.
+        threads: Torch intra-op threads for the run (``None`` keeps torch's default, one
+            per core). On a machine other processes keep busy, one thread avoids the
+            OpenMP barrier waits that slow multi-threaded forward passes unevenly.
         on_request: Called with the client count each time a request is answered (for
             progress bars).
 
@@ -107,40 +111,29 @@ def bench_serve(
         raise ValueError(f"requests must be >= 1, got {requests}")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     try:
-        import openai
+        import openai  # noqa: F401 - checked here for a clear message
     except ImportError as error:
         raise ImportError(
             "bench serve needs the serve extra: pip install 'mage-rl[serve]'"
         ) from error
-
-    from mage_rl.policy.engine import LocalEngine
-    from mage_rl.policy.models import load_model, resolve_dtype
-    from mage_rl.serve import create_app, serve_in_thread
+    from mage_rl.policy.models import resolve_dtype
 
     # The HTTP clients log every request at INFO; a benchmark's log should show its levels.
     for name in ("httpx", "httpx2"):
         logging.getLogger(name).setLevel(max(logging.getLogger(name).level, logging.WARNING))
-    lm, tokenizer = load_model(model, dtype=dtype)
-    runs: dict[int, list[dict[str, Any]]] = {count: [] for count in clients}
-    with (
-        LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine,
-        serve_in_thread(create_app(engine, model)) as url,
-    ):
-        warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
-        warm.chat.completions.create(model=model, messages=bench_prompt(0), max_tokens=4)
-        for _ in range(rounds):
-            for count in clients:
-                logger.info("bench serve: %d requests from %d client(s)", requests, count)
-                runs[count].append(
-                    asyncio.run(
-                        _run_level(
-                            engine, url, model, count, requests, max_tokens, seed, on_request
-                        )
-                    )
-                )
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        used_threads = torch.get_num_threads()
+        runs = _measure(model, clients, requests, max_tokens, dtype, seed, rounds, on_request)
+    finally:
+        torch.set_num_threads(previous_threads)
     levels = {}
     for count, done in runs.items():
         fastest = min(done, key=lambda r: r["wall_s"])
@@ -160,11 +153,51 @@ def bench_serve(
             "seed": seed,
             "rounds": rounds,
             "max_batch_size": max(clients),
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": used_threads,
         },
         "levels": levels,
         "ratios": ratios,
     }
+
+
+def _measure(
+    model: str,
+    clients: tuple[int, ...],
+    requests: int,
+    max_tokens: int,
+    dtype: DType,
+    seed: int,
+    rounds: int,
+    on_request: Callable[[int], None] | None,
+) -> dict[int, list[dict[str, Any]]]:
+    """Start the server and run every client count ``rounds`` times, alternating."""
+    import openai
+
+    from mage_rl.policy.engine import LocalEngine
+    from mage_rl.policy.models import load_model
+    from mage_rl.serve import create_app, serve_in_thread
+
+    lm, tokenizer = load_model(model, dtype=dtype)
+    runs: dict[int, list[dict[str, Any]]] = {count: [] for count in clients}
+    with (
+        LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine,
+        serve_in_thread(create_app(engine, model)) as url,
+    ):
+        warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
+        warm.chat.completions.create(model=model, messages=bench_prompt(0), max_tokens=4)
+        for _ in range(rounds):
+            for count in clients:
+                logger.info("bench serve: %d requests from %d client(s)", requests, count)
+                level = _run_level(
+                    engine, url, model, count, requests, max_tokens, seed, on_request
+                )
+                runs[count].append(asyncio.run(level))
+                logger.info(
+                    "bench serve, %d client(s): %.1fs, %.2f requests/s, %.1f tokens/s",
+                    count, runs[count][-1]["wall_s"], runs[count][-1]["requests_per_s"],
+                    runs[count][-1]["tokens_per_s"],
+                )  # fmt: skip
+    return runs
 
 
 async def _run_level(

@@ -38,7 +38,7 @@ def test_bench_serve_reports_each_client_count_and_the_ratio() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"clients": ()}, "clients="), ({"clients": (0,)}, "clients="), ({"clients": (2, 2)}, "clients="),
-     ({"requests": 0}, "requests"), ({"max_tokens": 0}, "max_tokens"), ({"rounds": 0}, "rounds")],
+     ({"requests": 0}, "requests"), ({"max_tokens": 0}, "max_tokens"), ({"rounds": 0}, "rounds"), ({"threads": 0}, "threads")],
 )  # fmt: skip
 def test_bench_serve_rejects_bad_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
