@@ -318,6 +318,7 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
         out=args.out,
         overrides=args.set,
         resume=not args.fresh,
+        runs_dir=args.runs_dir,
         log=console.print,
     )
     print(format_table(doc))
@@ -416,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--iterations", type=int, default=60, help="the budget of every run")
     g.add_argument("--eval-every", type=int, default=10)
     g.add_argument("--out", default="runs/adaptation/adaptation.json")
+    g.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
     p.set_defaults(func=_cmd_bench)

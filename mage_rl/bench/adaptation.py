@@ -314,6 +314,7 @@ def bench_adaptation(
     out: str | Path = "runs/adaptation/adaptation.json",
     overrides: Sequence[str] = (),
     resume: bool = True,
+    runs_dir: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Train every method for every seat and seed; write the results JSON as it goes.
@@ -329,6 +330,8 @@ def bench_adaptation(
         out: Results JSON; its folder also receives run folders and ``curves.png``.
         overrides: ``key=value`` config overrides applied to every run.
         resume: Keep runs already present in ``out`` (same method, seat and seed).
+        runs_dir: Where run folders (metrics, TensorBoard) go; default ``out``'s folder
+            plus ``runs/``.
         log: Where progress lines go.
 
     Returns:
@@ -371,7 +374,8 @@ def bench_adaptation(
                     log(f"{name} / {seat} / seed {seed}: kept from {out}")
                     runs.append(done[seed])
                     continue
-                run_dir = out.parent / "runs" / f"{name}_{seat}_seed{seed}_{int(time.time())}"
+                parent = Path(runs_dir) if runs_dir is not None else out.parent / "runs"
+                run_dir = parent / f"{name}_{seat}_seed{seed}_{int(time.time())}"
                 log(f"{name} / {seat} / seed {seed}: training {iterations} iterations in {run_dir}")
 
                 def show(point: dict[str, Any], name: str = name, seat: str = seat) -> None:
