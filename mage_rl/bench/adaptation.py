@@ -442,7 +442,7 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
-    """Last-episode and first-episode EV against training time, one panel per seat."""
+    """EV of every episode index against training iterations: one panel per method and seat."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -450,32 +450,45 @@ def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
 
     results = doc["results"]
     seats = [s for s in SEATS if any(s in cells for cells in results.values())]
-    if not seats:
+    names = [n for n in results if any(s in results[n] for s in seats)]
+    if not seats or not names:
         return None
-    fig, axes = plt.subplots(1, len(seats), figsize=(6.5 * len(seats), 4.5), squeeze=False)
-    for ax, seat in zip(axes[0], seats, strict=True):
+    fig, axes = plt.subplots(
+        len(seats),
+        len(names),
+        figsize=(3.2 * len(names), 3.0 * len(seats)),
+        squeeze=False,
+        sharey=True,
+    )
+    for row, seat in enumerate(seats):
         ref = doc["reference"][seat]
-        for name, cells in results.items():
-            if seat not in cells:
+        for col, name in enumerate(names):
+            ax = axes[row][col]
+            ax.set_title(f"{name}, agent {seat}", fontsize=8)
+            for key, style in (("best_fixed", "--"), ("target", "-."), ("ceiling", ":")):
+                ax.axhline(ref[key], color="grey", ls=style, lw=0.8)
+            if seat not in results[name]:
+                ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", fontsize=8)
                 continue
-            run = cells[seat]["runs"][0]
-            xs = [p["iteration"] for p in run["curve"]]
-            line = ax.plot(
-                xs,
-                [p["ev_by_episode"][-1] for p in run["curve"]],
-                marker="o",
-                label=f"{name} (last)",
-            )
-            ax.plot(
-                xs, [p["ev_by_episode"][0] for p in run["curve"]], ls=":", color=line[0].get_color()
-            )
-        for key, style in (("best_fixed", "--"), ("target", "-."), ("ceiling", ":")):
-            ax.axhline(ref[key], color="grey", ls=style, lw=1)
-            ax.text(0, ref[key], f" {key}", va="bottom", fontsize=7, color="grey")
-        ax.set_title(f"Kuhn Poker, agent {seat}: ev of the last hand (solid) and first (dotted)")
-        ax.set_xlabel("training iteration")
-        ax.set_ylabel("chips per hand (exact, greedy)")
-        ax.legend(fontsize=7)
+            curve = results[name][seat]["runs"][0]["curve"]
+            xs = [p["iteration"] for p in curve]
+            for k in range(len(curve[0]["ev_by_episode"])):
+                ax.plot(
+                    xs,
+                    [p["ev_by_episode"][k] for p in curve],
+                    marker="o",
+                    ms=3,
+                    label=f"ev@{k + 1}",
+                )
+            if row == len(seats) - 1:
+                ax.set_xlabel("iteration", fontsize=8)
+            if col == 0:
+                ax.set_ylabel("chips per hand (exact, greedy)", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(
+        "Kuhn Poker, K hands: grey lines are best fixed (--), target (-.), ceiling (:)", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
