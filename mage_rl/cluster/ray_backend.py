@@ -156,13 +156,11 @@ class RayTrainer(Trainer):
         from mage_rl import runtime
 
         ray = self._ray
-        tasks = runtime.tasks_for(
-            self.cfg, self.cfg.rollout.tasks, self.cfg.rollout.seed, iteration
-        )
+        tasks, group_size = runtime.training_tasks(self.cfg, iteration)
         n = len(self.workers)
         shares = [tasks[i::n] for i in range(n)]
         pending = {
-            w.rollout.remote(share, self.cfg.rollout.group_size): i
+            w.rollout.remote(share, group_size): i
             for i, (w, share) in enumerate(zip(self.workers, shares, strict=True))
             if share
         }
