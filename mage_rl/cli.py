@@ -250,6 +250,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- pretrain ----------------------------------------------------------------------------
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.pretrain import PretrainSettings, pretrain
+
+    cfg = load_config(args.config, args.set, TrainConfig)
+    settings = PretrainSettings(
+        batches=args.batches,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        holdout=args.holdout,
+    )
+    seats = args.seats.split(",") if args.seats else None
+    summary = pretrain(cfg, args.out, settings, seats=seats, log=console.print)
+    last = summary["epochs"][-1]
+    console.print(
+        f"pretrained on {summary['sequences']} sequences ({summary['tokens']} tokens) in "
+        f"{summary['seconds']:.0f}s; held-out loss {last.get('holdout_loss', float('nan')):.4f}"
+    )
+    console.print(f"model: {args.out}  (train from it with --set policy.model={args.out})")
+    return 0
+
+
 # -- bench -------------------------------------------------------------------------------
 
 
@@ -306,6 +332,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench_adaptation(args: argparse.Namespace) -> int:
     from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, bench_adaptation, format_table
+    from mage_rl.rl.pretrain import PretrainSettings
 
     methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
     doc = bench_adaptation(
@@ -319,6 +346,8 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
         overrides=args.set,
         resume=not args.fresh,
         runs_dir=args.runs_dir,
+        pretrain=PretrainSettings() if args.pretrain else None,
+        minutes=args.minutes,
         log=console.print,
     )
     print(format_table(doc))
@@ -388,6 +417,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser(
+        "pretrain",
+        help="next-token pretraining on transcripts of the untrained policy's games",
+    )
+    p.add_argument("config", help="YAML training config: model, environment, population")
+    p.add_argument("--out", required=True, help="directory of the pretrained HF model")
+    p.add_argument(
+        "--seats", default=None, help="agent seats to play, e.g. first,second (default: env.seat)"
+    )
+    p.add_argument("--batches", type=int, default=10, help="rollout batches per seat")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64, help="sequences per step")
+    p.add_argument("--holdout", type=int, default=512, help="sequences kept out to report")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.set_defaults(func=_cmd_pretrain)
+
     p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
     p.add_argument("what", choices=["rollout", "learner", "serve", "adaptation"])
     p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
@@ -408,13 +454,23 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("serve (also uses --max-tokens, --dtype and --rounds)")
     g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
     g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
-    g.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: one per core)"
+    )
     g = p.add_argument_group("adaptation (trains every method; minutes to hours)")
     g.add_argument("--config", default=None, help="base config (configs/kuhn_adaptation_tiny.yaml)")
     g.add_argument("--methods", default="all", help="comma-separated, or all")
     g.add_argument("--seats", default="first,second")
     g.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     g.add_argument("--iterations", type=int, default=60, help="the budget of every run")
+    g.add_argument(
+        "--minutes", type=float, default=None, help="also stop a run after this training time"
+    )
+    g.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="pretrain the model on game transcripts first (mage pretrain), once per seed",
+    )
     g.add_argument("--eval-every", type=int, default=10)
     g.add_argument("--out", default="runs/adaptation/adaptation.json")
     g.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")

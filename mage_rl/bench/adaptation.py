@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.config import TrainConfig, load_config
+from mage_rl.rl.pretrain import PretrainSettings
 from mage_rl.rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
@@ -214,14 +215,24 @@ def run_method(
     run_dir: Path,
     extra: Sequence[str] = (),
     on_point: Callable[[dict[str, Any]], None] | None = None,
+    max_train_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Train one method for one seat and evaluate it exactly every ``eval_every`` iterations."""
+    """Train one method for one seat and evaluate it exactly every ``eval_every`` iterations.
+
+    Training stops after ``iterations``, or earlier once the rollout-and-update time
+    reaches ``max_train_seconds`` (evaluation time is not counted); the run is then
+    evaluated one last time.
+    """
     from mage_rl import runtime
+    from mage_rl.cluster.backends import trainer_class
     from mage_rl.envs.base import resolve_seat
-    from mage_rl.rl.trainer import Trainer
 
     train_cfg, eval_cfg = method_config(base_config, method, seat, seed, iterations, extra)
-    trainer = Trainer(train_cfg, run_dir, progress=False)
+    if train_cfg.train.backend == "openrlhf":
+        raise ValueError("the adaptation benchmark runs on train.backend local or ray")
+    # train.backend=ray spreads the rollouts over train.num_workers processes (one core
+    # each); the learner and the exact evaluation stay in this process.
+    trainer = trainer_class(train_cfg.train.backend)(train_cfg, run_dir, progress=False)
     eval_graph = runtime.build_graph(eval_cfg)
     greedy = runtime.chat_model(
         trainer.engine, temperature=0.0, max_tokens=eval_cfg.policy.max_tokens
@@ -239,24 +250,35 @@ def run_method(
             on_point(point)
         return point
 
-    curve = [evaluate(0, 0.0)]
     train_seconds = 0.0
-    for it in range(iterations):
-        start = time.perf_counter()
-        records = trainer.rollout(it)
-        stats = trainer.learn(records)
-        train_seconds += time.perf_counter() - start
-        trainer.metrics.log(it + 1, {"losses/" + key: value for key, value in stats.items()})
-        if (it + 1) % eval_every == 0 or it + 1 == iterations:
-            curve.append(evaluate(it + 1, train_seconds))
-    trainer.engine.close()
-    trainer.metrics.close()
+    done = 0
+    try:
+        curve = [evaluate(0, 0.0)]
+        for it in range(iterations):
+            start = time.perf_counter()
+            records = trainer.rollout(it)
+            stats = trainer.learn(records)
+            train_seconds += time.perf_counter() - start
+            done = it + 1
+            trainer.metrics.log(done, {"losses/" + key: value for key, value in stats.items()})
+            out_of_time = max_train_seconds is not None and train_seconds >= max_train_seconds
+            if done % eval_every == 0 or done == iterations or out_of_time:
+                curve.append(evaluate(done, train_seconds))
+            if out_of_time:
+                break
+    finally:
+        trainer.engine.close()
+        trainer.metrics.close()
+        if hasattr(trainer, "shutdown"):
+            trainer.shutdown()
     last = curve[-1]
     return {
         "method": method.name,
         "seat": seat,
         "seed": seed,
         "iterations": iterations,
+        "max_train_seconds": max_train_seconds,
+        "iterations_done": done,
         "train_seconds": round(train_seconds, 1),
         "ev_by_episode": last["ev_by_episode"],
         "last_episode_ev": last["ev_by_episode"][-1],
@@ -299,6 +321,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "last_episode_ev": ev[-1],
         "seeds": [r["seed"] for r in runs],
         "train_seconds": [r["train_seconds"] for r in runs],
+        "pretrain_seconds": [r.get("pretrain_seconds", 0.0) for r in runs],
         "runs": list(runs),
     }
 
@@ -315,6 +338,8 @@ def bench_adaptation(
     overrides: Sequence[str] = (),
     resume: bool = True,
     runs_dir: str | Path | None = None,
+    pretrain: PretrainSettings | None = None,
+    minutes: float | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Train every method for every seat and seed; write the results JSON as it goes.
@@ -326,12 +351,19 @@ def bench_adaptation(
         seeds: Training seeds (task sampling and the learner's shuffling); the initial
             weights are the config's model and the same for every run.
         iterations: Rollout-and-update iterations per run (the shared budget).
+        minutes: A time budget as well: a run stops once its training time (rollouts
+            and updates, not evaluation) reaches this many minutes, if that comes before
+            ``iterations``.
         eval_every: Exact evaluation every N iterations (and after the last).
         out: Results JSON; its folder also receives run folders and ``curves.png``.
         overrides: ``key=value`` config overrides applied to every run.
         resume: Keep runs already present in ``out`` (same method, seat and seed).
         runs_dir: Where run folders (metrics, TensorBoard) go; default ``out``'s folder
             plus ``runs/``.
+        pretrain: When given, the config's model is first pretrained on game transcripts
+            (:mod:`mage_rl.rl.pretrain`), once per seed and for both seats, and every
+            method of that seed starts from the result; its seconds are reported beside
+            each run's training seconds.
         log: Where progress lines go.
 
     Returns:
@@ -355,6 +387,7 @@ def bench_adaptation(
         "config": str(config),
         "overrides": list(overrides),
         "iterations": iterations,
+        "minutes": minutes,
         "eval_every": eval_every,
         "episodes": base.meta.episodes,
         "meta_episodes_per_iteration": base.rollout.tasks * base.rollout.group_size,
@@ -362,11 +395,26 @@ def bench_adaptation(
         "x every opponent, population-weighted",
     }
     deal_seeds = deal_sequence_seeds(base.meta.episodes)
+    max_seconds = None if minutes is None else 60.0 * minutes
+    parent = Path(runs_dir) if runs_dir is not None else out.parent / "runs"
+    pretrained = {
+        seed: _pretrained_model(config, overrides, seed, pretrain, parent, log)
+        for seed in (seeds if pretrain is not None else ())
+    }
+    if pretrain is not None:
+        doc["setup"]["pretrain"] = {
+            str(seed): json.loads((Path(path) / "pretrain.json").read_text())
+            for seed, path in pretrained.items()
+        }
     for seat in seats:
         for name in methods:
             cell = doc["results"].setdefault(name, {}).get(seat)
             done = {
-                r["seed"]: r for r in (cell or {}).get("runs", []) if r["iterations"] == iterations
+                r["seed"]: r
+                for r in (cell or {}).get("runs", [])
+                if r["iterations"] == iterations
+                and r.get("max_train_seconds") == max_seconds
+                and r.get("pretrained") == pretrained.get(r["seed"])
             }
             runs = []
             for seed in seeds:
@@ -374,9 +422,11 @@ def bench_adaptation(
                     log(f"{name} / {seat} / seed {seed}: kept from {out}")
                     runs.append(done[seed])
                     continue
-                parent = Path(runs_dir) if runs_dir is not None else out.parent / "runs"
                 run_dir = parent / f"{name}_{seat}_seed{seed}_{int(time.time())}"
-                log(f"{name} / {seat} / seed {seed}: training {iterations} iterations in {run_dir}")
+                start_model = pretrained.get(seed)
+                extra = [*overrides, *([f"policy.model={start_model}"] if start_model else [])]
+                budget = f"{iterations} iterations" + (f" or {minutes:g} min" if minutes else "")
+                log(f"{name} / {seat} / seed {seed}: training {budget} in {run_dir}")
 
                 def show(point: dict[str, Any], name: str = name, seat: str = seat) -> None:
                     ev = ", ".join(f"{v:+.3f}" for v in point["ev_by_episode"])
@@ -385,26 +435,61 @@ def bench_adaptation(
                         f"train {point['train_seconds']:7.1f}s  ev@k [{ev}]"
                     )
 
-                runs.append(
-                    run_method(
-                        METHODS[name],
-                        seat,
-                        base_config=config,
-                        iterations=iterations,
-                        eval_every=eval_every,
-                        seed=seed,
-                        deal_seeds=deal_seeds,
-                        run_dir=run_dir,
-                        extra=overrides,
-                        on_point=show,
-                    )
+                result = run_method(
+                    METHODS[name],
+                    seat,
+                    base_config=config,
+                    iterations=iterations,
+                    eval_every=eval_every,
+                    seed=seed,
+                    deal_seeds=deal_seeds,
+                    run_dir=run_dir,
+                    extra=extra,
+                    on_point=show,
+                    max_train_seconds=max_seconds,
                 )
+                result["pretrained"] = start_model
+                result["pretrain_seconds"] = (
+                    doc["setup"]["pretrain"][str(seed)]["seconds"] if start_model else 0.0
+                )
+                runs.append(result)
                 doc["results"][name][seat] = aggregate(runs)
                 _write_json(out, doc)
             doc["results"][name][seat] = aggregate(runs)
             _write_json(out, doc)
     plot_curves(doc, out.with_name(out.stem + "_curves.png"))
     return doc
+
+
+def _pretrained_model(
+    config: str | Path,
+    overrides: Sequence[str],
+    seed: int,
+    settings: PretrainSettings,
+    parent: Path,
+    log: Callable[[str], None],
+) -> str:
+    """The pretrained model of one seed: made once, then reused by every method and seat."""
+    from dataclasses import asdict, replace
+
+    from mage_rl.rl.pretrain import SUMMARY_FILE, pretrain
+
+    settings = replace(settings, seed=seed)
+    path = parent / f"pretrained_seed{seed}"
+    summary_file = path / SUMMARY_FILE
+    if summary_file.exists():
+        if json.loads(summary_file.read_text())["settings"] != asdict(settings):
+            raise FileExistsError(
+                f"{path} holds a model pretrained with other settings; move it away or use "
+                "another --runs-dir"
+            )
+        log(f"pretrained model of seed {seed}: kept from {path}")
+        return str(path)
+    cfg = load_config(config, [*overrides, f"rollout.seed={seed}"], cls=TrainConfig)
+    log(f"pretraining the model of seed {seed} on transcripts of both seats, into {path}")
+    summary = pretrain(cfg, path, settings, seats=SEATS, log=log)
+    log(f"  pretrained in {summary['seconds']:.0f}s")
+    return str(path)
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -435,7 +520,15 @@ def format_table(doc: dict[str, Any]) -> str:
                 continue
             cell = cells[seat]
             evs = " | ".join(f"{v:+.4f}" for v in cell["ev_by_episode"])
-            secs = "/".join(f"{s:.0f}" for s in cell["train_seconds"])
+            # With pretraining, "P+T": pretraining seconds plus RL training seconds.
+            secs = "/".join(
+                f"{p:.0f}+{t:.0f}" if p else f"{t:.0f}"
+                for p, t in zip(
+                    cell.get("pretrain_seconds", [0.0] * len(cell["train_seconds"])),
+                    cell["train_seconds"],
+                    strict=True,
+                )
+            )
             seeds = ",".join(str(s) for s in cell["seeds"])
             lines.append(f"| {name} | {evs} | {secs} | {seeds} |")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mage_rl.bench.adaptation import METHODS, bench_adaptation, format_table
+from mage_rl.rl.pretrain import PretrainSettings
 
 SMALL = ["meta.episodes=2", "rollout.tasks=2", "rollout.group_size=2", "learner.mini_batch_size=8"]
 
@@ -53,3 +54,39 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
 def test_unknown_method_is_named() -> None:
     with pytest.raises(ValueError, match="valid: " + ", ".join(METHODS)):
         bench_adaptation(methods=["nope"], out="unused.json")
+
+
+def test_pretrained_start_and_time_budget(tmp_path) -> None:
+    out = tmp_path / "adaptation.json"
+    lines: list[str] = []
+    settings = PretrainSettings(batches=1, epochs=1, batch_size=8, holdout=4)
+    common = dict(
+        methods=["mage", "gigpo_single"],
+        seats=["first"],
+        iterations=3,
+        eval_every=3,
+        out=out,
+        overrides=SMALL,
+        pretrain=settings,
+        minutes=1e-4,  # out of time after the first iteration
+        log=lines.append,
+    )
+    doc = bench_adaptation(**common)
+    model = str(tmp_path / "runs" / "pretrained_seed0")
+    assert doc["setup"]["pretrain"]["0"]["seats"] == ["first", "second"]
+    for name in ("mage", "gigpo_single"):
+        run = doc["results"][name]["first"]["runs"][0]
+        assert run["pretrained"] == model
+        assert run["config"]["policy"]["model"] == model
+        assert run["iterations_done"] == 1
+        assert [p["iteration"] for p in run["curve"]] == [0, 1]
+        assert run["pretrain_seconds"] > 0
+    assert "+" in format_table(doc).split("| mage |")[1].splitlines()[0]
+    # Again: the pretrained model and the runs are kept, not made anew.
+    lines.clear()
+    bench_adaptation(**common)
+    assert any("pretrained model of seed 0: kept" in line for line in lines)
+    assert sum("kept from" in line for line in lines) == 3
+    # Other pretraining settings do not silently reuse that model.
+    with pytest.raises(FileExistsError, match="other settings"):
+        bench_adaptation(**{**common, "pretrain": PretrainSettings(batches=2)})
