@@ -422,7 +422,7 @@ def bench_adaptation(
                     log(f"{name} / {seat} / seed {seed}: kept from {out}")
                     runs.append(done[seed])
                     continue
-                run_dir = parent / f"{name}_{seat}_seed{seed}_{int(time.time())}"
+                run_dir = _new_run_dir(parent, f"{name}_{seat}_seed{seed}_{int(time.time())}")
                 start_model = pretrained.get(seed)
                 extra = [*overrides, *([f"policy.model={start_model}"] if start_model else [])]
                 budget = f"{iterations} iterations" + (f" or {minutes:g} min" if minutes else "")
@@ -490,6 +490,19 @@ def _pretrained_model(
     summary = pretrain(cfg, path, settings, seats=SEATS, log=log)
     log(f"  pretrained in {summary['seconds']:.0f}s")
     return str(path)
+
+
+def _new_run_dir(parent: Path, name: str) -> Path:
+    """A run folder no other run has, even one started in the same second elsewhere."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()  # atomic: two benchmarks never get the same folder
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free run folder for {name} in {parent}")
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ bitwise-identical output; a different composition gives the same output almost a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import random
@@ -366,10 +367,9 @@ def _threadsafe_callback(
     """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
 
     def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:
-        try:
+        # RuntimeError: the loop closed, so nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(callback, token, logprob, top)
-        except RuntimeError:  # the loop closed; nobody is listening any more
-            pass
 
     return call
 
