@@ -361,9 +361,7 @@ def load_weights(
             target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
 
 
-def _threadsafe_callback(
-    loop: asyncio.AbstractEventLoop, callback: TokenCallback
-) -> TokenCallback:
+def _threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:
     """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
 
     def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:

@@ -324,5 +324,7 @@ def parse_tiny_spec(spec: str) -> dict[str, int | float]:
         try:
             options[name] = kind(value)
         except ValueError as err:
-            raise ValueError(f"tiny model option {key} needs a {kind.__name__}, got {value!r}") from err
+            raise ValueError(
+                f"tiny model option {key} needs a {kind.__name__}, got {value!r}"
+            ) from err
     return options
