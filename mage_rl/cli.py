@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -282,6 +283,8 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "adaptation":
         return _bench_adaptation(args)
+    if args.what == "identification":
+        return _bench_identification(args)
     if args.what == "rollout":
         from mage_rl.bench.rollout import bench_rollout, format_rollout_report
 
@@ -352,6 +355,27 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
     )
     print(format_table(doc))
     console.print(f"results: {args.out}")
+    return 0
+
+
+def _bench_identification(args: argparse.Namespace) -> int:
+    from mage_rl.bench.identification import DEFAULT_CONFIG, bench_identification
+
+    # The model is the config's policy.model (--set policy.model=PATH): --model's default
+    # belongs to the other benchmarks.
+    result = bench_identification(
+        config=args.config or DEFAULT_CONFIG,
+        seed=args.seed,
+        overrides=args.set,
+        log=console.print,
+    )
+    console.print(
+        f"{result['model']}: {result['train']} labelled decisions, held-out accuracy "
+        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}) against a "
+        f"majority baseline of {result['majority_baseline']:.3f}, in {result['seconds']:.0f}s"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
 
 
@@ -435,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
-    p.add_argument("what", choices=["rollout", "learner", "serve", "adaptation"])
+    p.add_argument("what", choices=["rollout", "learner", "serve", "adaptation", "identification"])
     p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the raw result to this file")

@@ -1,0 +1,205 @@
+"""Can the policy model learn to identify the opponent at all? A supervised upper bound.
+
+The adaptation benchmark asks RL to discover, from one reward per hand, that the last
+hand should be played differently against the aggressive opponent. This benchmark asks
+the easier question first: given the *answer* as a label, how many labelled decisions
+does the model need before its choice depends on the past hands?
+
+1. The model plays meta-episodes of the config (Kuhn Poker, ``history`` context, agent
+   first) at temperature 1 against the training population.
+2. From the last hand, the two decisions whose best response depends on the opponent
+   (SPEC §7, §9; agent first) are kept, each labelled with the best response to the
+   *true* opponent:
+
+   * holding J with no bet yet: PASS against the aggressive opponent (it calls with Q
+     and K), BET against the others (they fold Q);
+   * holding Q and facing a bet: call (BET) against the aggressive opponent (it bets
+     J too), fold (PASS) against the others (they bet only with K).
+
+3. The model is trained by cross-entropy on the two answer strings (the same restricted
+   choice that constrained decoding gives RL) and its accuracy on held-out decisions is
+   reported as training goes, next to the majority baseline (always the label of the
+   non-aggressive opponents).
+
+Only past hands can tell the labels apart, since the current hand's text is the same
+for every opponent. The Bayes-optimal accuracy is below 1 (two hands do not always
+identify the opponent) but above the majority baseline, since the Bayes last-hand value
+beats the best fixed strategy (``mage oracle kuhn``). A model that stays at the majority
+baseline with labels cannot be expected to learn the same mapping from RL's far noisier
+signal in the same number of decisions.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mage_rl.config import TrainConfig, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
+ANSWERS = ("PASS", "BET")
+
+
+def label(anchor: str, opponent: str) -> str | None:
+    """The best response to the true opponent, for the two decisions that depend on it.
+
+    ``anchor`` is the turn's observation text (Kuhn's standard rendering); ``None`` for
+    decisions whose best response is the same against every training opponent.
+    """
+    aggressive = "aggressive" in opponent
+    if "card: J" in anchor and "Betting so far: none" in anchor:
+        return "PASS" if aggressive else "BET"
+    if "card: Q" in anchor and "face a bet" in anchor:
+        return "BET" if aggressive else "PASS"
+    return None
+
+
+def collect_decisions(
+    cfg: TrainConfig, model_spec: str, batches: int
+) -> list[tuple[list[int], int, str]]:
+    """``(prompt ids, label index, opponent)`` of the labelled last-hand decisions."""
+    from mage_rl import runtime
+    from mage_rl.policy.models import load_model
+
+    engine_model, tokenizer = load_model(model_spec, dtype=cfg.policy.dtype)
+    engine = runtime.build_engine(cfg.policy, engine_model, tokenizer)
+    llm = runtime.chat_model(engine, temperature=1.0, max_tokens=cfg.policy.max_tokens)
+    graph = runtime.build_graph(cfg)
+    last = cfg.meta.episodes - 1
+    out = []
+    try:
+        for b in range(batches):
+            tasks, group_size = runtime.training_tasks(cfg, 2_000_000 + b)
+            for record in runtime.run_rollouts(cfg, graph, llm, tasks, group_size):
+                for turn in record.turns:
+                    answer = label(turn.anchor, record.opponent) if turn.episode == last else None
+                    if answer is not None:
+                        out.append((list(turn.prompt_ids), ANSWERS.index(answer), record.opponent))
+    finally:
+        engine.close()
+    return out
+
+
+def choice_logits(
+    model: Any, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Summed log-probs of each answer after each prompt: ``(B, len(answers))``."""
+    columns = []
+    for answer in answers:
+        seqs = [list(p) + list(answer) for p in prompts]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)  # (B, T)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        logp = F.log_softmax(model(input_ids=ids, attention_mask=mask).logits, dim=-1)
+        # Position n-1+j predicts answer token j of a prompt of length n.
+        rows = torch.tensor([[len(p) - 1 + j for j in range(len(answer))] for p in prompts])
+        target = torch.tensor(answer).expand(len(prompts), -1)
+        picked = logp.gather(1, rows.unsqueeze(-1).expand(-1, -1, logp.shape[-1]))
+        columns.append(picked.gather(2, target.unsqueeze(-1)).squeeze(-1).sum(-1))
+    return torch.stack(columns, dim=1)
+
+
+def bench_identification(
+    *,
+    config: str | Path = DEFAULT_CONFIG,
+    model: str | None = None,
+    batches: int = 20,
+    epochs: int = 3,
+    lr: float = 1e-3,
+    batch_size: int = 32,
+    test_size: int = 400,
+    eval_every: int = 20,
+    seed: int = 0,
+    overrides: Sequence[str] = (),
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Collect labelled decisions, train on them, and report held-out accuracy.
+
+    Args:
+        config: A Kuhn Poker config with the agent first (default: the adaptation one).
+        model: Model spec or path (default: the config's ``policy.model``).
+        batches: Rollout batches to collect (each ``rollout.tasks x group_size``).
+        epochs: Passes over the training decisions.
+        lr: AdamW learning rate.
+        batch_size: Decisions per step.
+        test_size: Held-out decisions.
+        eval_every: Steps between accuracy measurements.
+        seed: Shuffling seed.
+        overrides: ``key=value`` config overrides.
+        log: Where progress lines go.
+
+    Raises:
+        ValueError: If the config is not Kuhn Poker with the agent first, or too few
+            decisions were collected.
+    """
+    from mage_rl.policy.models import load_model
+
+    cfg = load_config(config, list(overrides), cls=TrainConfig)
+    if cfg.env.name != "kuhn_poker" or cfg.env.seat not in ("first", "0"):
+        raise ValueError("the identification benchmark needs env.name=kuhn_poker, env.seat=first")
+    spec = model or cfg.policy.model
+    start = time.perf_counter()
+    data = collect_decisions(cfg, spec, batches)
+    if len(data) < test_size + batch_size:
+        raise ValueError(f"{len(data)} decisions collected; need test_size + batch_size")
+    random.Random(seed).shuffle(data)
+    test, train = data[:test_size], data[test_size:]
+    net, tokenizer = load_model(spec, dtype="fp32")
+    answers = [
+        tokenizer(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] for a in ANSWERS
+    ]
+    test_y = torch.tensor([y for _, y, _ in test])
+    majority = max((test_y == k).float().mean().item() for k in range(len(ANSWERS)))
+    log(f"{len(data)} decisions ({len(train)} to train on); majority baseline {majority:.3f}")
+
+    def accuracy() -> float:
+        net.eval()
+        with torch.no_grad():
+            logits = choice_logits(net, [p for p, _, _ in test], answers)
+        net.train()
+        return (logits.argmax(1) == test_y).float().mean().item()
+
+    optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
+    curve = [{"decisions_seen": 0, "accuracy": accuracy()}]
+    rng = random.Random(seed)
+    net.train()
+    step = 0
+    for _ in range(epochs):
+        rng.shuffle(train)
+        for i in range(0, len(train) - batch_size + 1, batch_size):
+            batch = train[i : i + batch_size]
+            logits = choice_logits(net, [p for p, _, _ in batch], answers)
+            loss = F.cross_entropy(logits, torch.tensor([y for _, y, _ in batch]))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % eval_every == 0:
+                curve.append({"decisions_seen": step * batch_size, "accuracy": accuracy()})
+                log(
+                    f"  {step * batch_size:6d} decisions seen: held-out accuracy "
+                    f"{curve[-1]['accuracy']:.3f}"
+                )
+    if curve[-1]["decisions_seen"] != step * batch_size:
+        curve.append({"decisions_seen": step * batch_size, "accuracy": accuracy()})
+    net.eval()
+    return {
+        "model": spec,
+        "decisions": len(data),
+        "train": len(train),
+        "test": len(test),
+        "majority_baseline": majority,
+        "final_accuracy": curve[-1]["accuracy"],
+        "best_accuracy": max(p["accuracy"] for p in curve),
+        "curve": curve,
+        "seconds": round(time.perf_counter() - start, 1),
+    }

@@ -1,0 +1,61 @@
+"""mage bench identification on a tiny budget: labels, shapes and the CLI."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from mage_rl.bench.identification import bench_identification, choice_logits, label
+from mage_rl.cli import main
+from mage_rl.policy.models import load_model
+
+SMALL = ["rollout.tasks=4", "rollout.group_size=2", "policy.model=tiny:hidden=32,layers=1"]
+
+
+def test_labels_follow_the_best_responses() -> None:
+    j_open = "Your card: J.\nBetting so far: none.\nNo bet to face."
+    q_faced = "Your card: Q.\nBetting so far: you PASS, opponent BET.\nYou face a bet."
+    assert label(j_open, "kuhn_poker:aggressive") == "PASS"
+    assert label(j_open, "kuhn_poker:conservative") == "BET"
+    assert label(q_faced, "kuhn_poker:aggressive") == "BET"
+    assert label(q_faced, "kuhn_poker:intermediate") == "PASS"
+    assert label("Your card: K.\nBetting so far: none.", "kuhn_poker:aggressive") is None
+
+
+def test_choice_logits_sum_answer_token_logprobs() -> None:
+    model, tok = load_model("tiny:hidden=32,layers=1", dtype="fp32")
+    prompts = [tok("card J")["input_ids"], tok("card Q, bets: you PASS")["input_ids"]]
+    answers = [tok("<action>PASS</action>")["input_ids"], tok("<action>BET</action>")["input_ids"]]
+    got = choice_logits(model, prompts, answers)
+    assert got.shape == (2, 2)
+    with torch.no_grad():
+        seq = prompts[1] + answers[1]
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
+        n = len(prompts[1])
+        want = sum(logp[n - 1 + j, t] for j, t in enumerate(answers[1]))
+    assert got[1, 1].item() == pytest.approx(want.item(), abs=1e-4)
+
+
+def test_bench_reports_a_curve_and_refuses_the_second_seat(tmp_path) -> None:
+    torch.set_num_threads(1)
+    lines: list[str] = []
+    result = bench_identification(
+        batches=2,
+        epochs=1,
+        batch_size=4,
+        test_size=4,
+        eval_every=1,
+        overrides=SMALL,
+        log=lines.append,
+    )
+    assert result["decisions"] >= 8
+    assert 0.5 <= result["majority_baseline"] <= 1.0
+    assert result["curve"][0]["decisions_seen"] == 0
+    assert all(0.0 <= p["accuracy"] <= 1.0 for p in result["curve"])
+    with pytest.raises(ValueError, match="seat=first"):
+        bench_identification(overrides=[*SMALL, "env.seat=second"])
+    # Through the CLI, 20 small batches give too few decisions for the default 400
+    # held out: a one-line error and exit status 2, no traceback.
+    code = main(["bench", "identification"] + [a for s in SMALL for a in ("--set", s)])
+    assert code == 2
