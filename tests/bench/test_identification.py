@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -37,7 +36,7 @@ def test_choice_logits_sum_answer_token_logprobs() -> None:
     assert got[1, 1].item() == pytest.approx(want.item(), abs=1e-4)
 
 
-def test_bench_reports_a_curve_and_refuses_the_second_seat(tmp_path) -> None:
+def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     torch.set_num_threads(1)
     lines: list[str] = []
     result = bench_identification(
