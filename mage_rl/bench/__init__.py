@@ -3,6 +3,11 @@
 * :func:`bench_rollout`: meta-episodes through the real graph and local engine, with
   requests batched across concurrent meta-episodes versus decoded one at a time.
 * :func:`bench_learner`: PPO-update throughput of the embedded learner per forward dtype.
+* :func:`bench_serve`: requests per second of ``mage serve`` at 1 vs 16 concurrent clients.
+
+Two benchmarks measure learning rather than speed, and live in their own modules:
+:mod:`mage_rl.bench.adaptation` (does the last hand exploit the opponent?) and
+:mod:`mage_rl.bench.identification` (can the model learn to read the opponent at all?).
 
 Absolute numbers depend on the machine and on whatever else runs on it; the ratios,
 measured back to back in one process, are the claims. ``docs/benchmarks.md`` records
@@ -13,5 +18,13 @@ from __future__ import annotations
 
 from mage_rl.bench.learner import bench_learner, format_learner_report
 from mage_rl.bench.rollout import bench_rollout, format_rollout_report
+from mage_rl.bench.serve import bench_serve, format_serve_report
 
-__all__ = ["bench_learner", "bench_rollout", "format_learner_report", "format_rollout_report"]
+__all__ = [
+    "bench_learner",
+    "bench_rollout",
+    "bench_serve",
+    "format_learner_report",
+    "format_rollout_report",
+    "format_serve_report",
+]
