@@ -365,14 +365,17 @@ def _bench_identification(args: argparse.Namespace) -> int:
     # belongs to the other benchmarks.
     result = bench_identification(
         config=args.config or DEFAULT_CONFIG,
+        batches=args.batches,
+        epochs=args.epochs,
         seed=args.seed,
         overrides=args.set,
         log=console.print,
     )
     console.print(
         f"{result['model']}: {result['train']} labelled decisions, held-out accuracy "
-        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}) against a "
-        f"majority baseline of {result['majority_baseline']:.3f}, in {result['seconds']:.0f}s"
+        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}); without "
+        f"history at best {result['no_history_accuracy']:.3f}, Bayes "
+        f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -500,6 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
+    g = p.add_argument_group("identification (also uses --config, --set and --seed)")
+    g.add_argument(
+        "--batches", type=int, default=20, help="rollout batches of labelled decisions to collect"
+    )
+    g.add_argument("--epochs", type=int, default=3, help="passes over the training decisions")
     p.set_defaults(func=_cmd_bench)
 
     for register in _EXTRA_PARSERS:

@@ -18,29 +18,38 @@ does the model need before its choice depends on the past hands?
 
 3. The model is trained by cross-entropy on the two answer strings (the same restricted
    choice that constrained decoding gives RL) and its accuracy on held-out decisions is
-   reported as training goes, next to the majority baseline (always the label of the
-   non-aggressive opponents).
+   reported as training goes.
 
-Only past hands can tell the labels apart, since the current hand's text is the same
-for every opponent. The Bayes-optimal accuracy is below 1 (two hands do not always
-identify the opponent) but above the majority baseline, since the Bayes last-hand value
-beats the best fixed strategy (``mage oracle kuhn``). A model that stays at the majority
-baseline with labels cannot be expected to learn the same mapping from RL's far noisier
-signal in the same number of decisions.
+Two references bracket that accuracy, both computed exactly from what the agent saw
+(:func:`~mage_rl.eval.bayes.observation_likelihood`, the population's prior):
+
+* **without history**: the best accuracy from the current hand alone. The situation
+  itself carries evidence (the aggressive opponent bets with J, so a bet to face is more
+  often its), so this can be above the share of the majority label.
+* **Bayes**: the best accuracy from the past hands and the current one, the expected
+  accuracy of answering for the more probable of "aggressive" and "not aggressive".
+
+The gap between the two is what reading the past hands can add. A model that stays at
+the no-history accuracy with labels cannot be expected to learn the same mapping from
+RL's far noisier signal in the same number of decisions.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from mage_rl.config import TrainConfig, load_config
+
+if TYPE_CHECKING:
+    from mage_rl.rl.records import MetaEpisodeRecord
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
 ANSWERS = ("PASS", "BET")
@@ -60,10 +69,81 @@ def label(anchor: str, opponent: str) -> str | None:
     return None
 
 
-def collect_decisions(
-    cfg: TrainConfig, model_spec: str, batches: int
-) -> list[tuple[list[int], int, str]]:
-    """``(prompt ids, label index, opponent)`` of the labelled last-hand decisions."""
+class Decision(NamedTuple):
+    """A labelled last-hand decision.
+
+    Attributes:
+        prompt_ids: The prompt the model saw.
+        label: Index in :data:`ANSWERS` of the best response to the true opponent.
+        opponent: The true opponent's spec.
+        p_history: Posterior probability of the aggressive opponent given the past hands
+            and the current hand so far.
+        p_current: The same from the current hand alone.
+    """
+
+    prompt_ids: list[int]
+    label: int
+    opponent: str
+    p_history: float
+    p_current: float
+
+
+def aggressive_posterior(
+    cfg: TrainConfig, record: MetaEpisodeRecord, turn_index: int
+) -> tuple[float, float]:
+    """P(aggressive opponent) at ``record.turns[turn_index]``: with and without history.
+
+    The record's hands are replayed in a fresh environment (the task seed fixes every
+    deal) to recover what the agent saw of each: its card, the betting and any card
+    shown. The prior is the config's population.
+    """
+    from mage_rl import runtime
+    from mage_rl.envs import make_env
+    from mage_rl.envs.base import episode_seed
+    from mage_rl.envs.kuhn import BET, PASS, betting, card_of
+    from mage_rl.envs.opponents import make_opponent
+    from mage_rl.eval.bayes import observation_likelihood
+
+    population = runtime.population(cfg)
+    opponents = []
+    for spec in population.specs:
+        opponent = make_opponent(spec)
+        opponent.reset(0)
+        opponents.append(opponent)
+    env = make_env(cfg.env.name, record.opponent, seat=record.seat)
+    target = record.turns[turn_index]
+    seen = []  # one observation per hand, the current one last
+    for k in range(target.episode + 1):
+        env.reset(episode_seed(record.seed, k, cfg.env.protocol))
+        for i, turn in enumerate(record.turns):
+            if turn.kind != "play" or turn.episode != k:
+                continue
+            if i == turn_index:
+                break
+            env.step(turn.text)
+        state = env.state
+        moves = tuple(betting(state))
+        shown = -1
+        if state.is_terminal() and moves[-2:] != (BET, PASS):
+            shown = card_of(state, 1 - record.seat)
+        seen.append((card_of(state, record.seat), moves, shown))
+
+    def posterior(observations: Sequence[tuple]) -> float:
+        weights = [
+            w * math.prod(observation_likelihood(o, record.seat, obs) for obs in observations)
+            for o, w in zip(opponents, population.weights, strict=True)
+        ]
+        total = sum(weights)
+        aggressive = sum(
+            w for w, spec in zip(weights, population.specs, strict=True) if "aggressive" in spec
+        )
+        return aggressive / total if total > 0 else 0.0
+
+    return posterior(seen), posterior(seen[-1:])
+
+
+def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[Decision]:
+    """The labelled last-hand decisions of ``batches`` rollout batches at temperature 1."""
     from mage_rl import runtime
     from mage_rl.policy.models import load_model
 
@@ -77,13 +157,29 @@ def collect_decisions(
         for b in range(batches):
             tasks, group_size = runtime.training_tasks(cfg, 2_000_000 + b)
             for record in runtime.run_rollouts(cfg, graph, llm, tasks, group_size):
-                for turn in record.turns:
+                for i, turn in enumerate(record.turns):
                     answer = label(turn.anchor, record.opponent) if turn.episode == last else None
-                    if answer is not None:
-                        out.append((list(turn.prompt_ids), ANSWERS.index(answer), record.opponent))
+                    if answer is None or turn.kind != "play":
+                        continue
+                    p_history, p_current = aggressive_posterior(cfg, record, i)
+                    out.append(
+                        Decision(
+                            list(turn.prompt_ids),
+                            ANSWERS.index(answer),
+                            record.opponent,
+                            p_history,
+                            p_current,
+                        )
+                    )
     finally:
         engine.close()
     return out
+
+
+def expected_accuracy(decisions: Sequence[Decision], history: bool) -> float:
+    """Expected accuracy of answering for the more probable opponent class."""
+    probs = [d.p_history if history else d.p_current for d in decisions]
+    return sum(max(p, 1.0 - p) for p in probs) / len(probs)
 
 
 def choice_logits(
@@ -157,14 +253,19 @@ def bench_identification(
     answers = [
         tokenizer(f"<action>{a}</action>", add_special_tokens=False)["input_ids"] for a in ANSWERS
     ]
-    test_y = torch.tensor([y for _, y, _ in test])
+    test_y = torch.tensor([d.label for d in test])
     majority = max((test_y == k).float().mean().item() for k in range(len(ANSWERS)))
-    log(f"{len(data)} decisions ({len(train)} to train on); majority baseline {majority:.3f}")
+    no_history = expected_accuracy(test, history=False)
+    bayes = expected_accuracy(test, history=True)
+    log(
+        f"{len(data)} decisions ({len(train)} to train on); held-out references: majority "
+        f"label {majority:.3f}, best without history {no_history:.3f}, Bayes {bayes:.3f}"
+    )
 
     def accuracy() -> float:
         net.eval()
         with torch.no_grad():
-            logits = choice_logits(net, [p for p, _, _ in test], answers)
+            logits = choice_logits(net, [d.prompt_ids for d in test], answers)
         net.train()
         return (logits.argmax(1) == test_y).float().mean().item()
 
@@ -177,8 +278,8 @@ def bench_identification(
         rng.shuffle(train)
         for i in range(0, len(train) - batch_size + 1, batch_size):
             batch = train[i : i + batch_size]
-            logits = choice_logits(net, [p for p, _, _ in batch], answers)
-            loss = F.cross_entropy(logits, torch.tensor([y for _, y, _ in batch]))
+            logits = choice_logits(net, [d.prompt_ids for d in batch], answers)
+            loss = F.cross_entropy(logits, torch.tensor([d.label for d in batch]))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -198,6 +299,8 @@ def bench_identification(
         "train": len(train),
         "test": len(test),
         "majority_baseline": majority,
+        "no_history_accuracy": no_history,
+        "bayes_accuracy": bayes,
         "final_accuracy": curve[-1]["accuracy"],
         "best_accuracy": max(p["accuracy"] for p in curve),
         "curve": curve,

@@ -108,6 +108,33 @@ def hand_table(opponents: Sequence[str], seat: int) -> HandTable:
     return HandTable(values, tuple(likelihoods))
 
 
+def observation_likelihood(opponent: object, seat: int, observation: Observation) -> float:
+    """Probability that a deterministic opponent produces what the agent saw of a hand.
+
+    ``observation`` is ``(own card, betting so far, opponent card or -1)``; the betting
+    may be unfinished (a hand still in play), and ``-1`` means no card was shown (a fold,
+    or a hand not yet over). The probability is over the opponent's card, uniform over
+    the two the agent does not hold; the agent's own moves are taken as given.
+    """
+    own, moves, shown = observation
+    total = 0.0
+    for card in range(3):
+        if card == own or (shown >= 0 and card != shown):
+            continue
+        state = _game().new_initial_state()
+        state.apply_action(own if seat == 0 else card)
+        state.apply_action(card if seat == 0 else own)
+        consistent = True
+        for move in moves:
+            player = state.current_player()
+            if player != seat and int(opponent.act(state, player)) != move:  # type: ignore[attr-defined]
+                consistent = False
+                break
+            state.apply_action(move)
+        total += 0.5 if consistent else 0.0
+    return total
+
+
 def _direction(w: np.ndarray) -> tuple[float, ...]:
     total = float(w.sum())
     return tuple(np.round(w / total, 12)) if total > 0 else tuple(w)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mage_rl.bench.identification import bench_identification, choice_logits, label
+from mage_rl.bench.identification import (
+    bench_identification,
+    choice_logits,
+    collect_decisions,
+    label,
+)
 from mage_rl.cli import main
+from mage_rl.config import TrainConfig, load_config
 from mage_rl.policy.models import load_model
 
 SMALL = ["rollout.tasks=4", "rollout.group_size=2", "policy.model=tiny:hidden=32,layers=1"]
@@ -50,6 +56,9 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     )
     assert result["decisions"] >= 8
     assert 0.5 <= result["majority_baseline"] <= 1.0
+    # Both references are expected accuracies of a best guess between two classes.
+    assert 0.5 <= result["no_history_accuracy"] <= 1.0
+    assert 0.5 <= result["bayes_accuracy"] <= 1.0
     assert result["curve"][0]["decisions_seen"] == 0
     assert all(0.0 <= p["accuracy"] <= 1.0 for p in result["curve"])
     with pytest.raises(ValueError, match="seat=first"):
@@ -58,3 +67,22 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     # held out: a one-line error and exit status 2, no traceback.
     code = main(["bench", "identification"] + [a for s in SMALL for a in ("--set", s)])
     assert code == 2
+
+
+def test_posteriors_replay_what_the_agent_saw() -> None:
+    torch.set_num_threads(1)
+    from mage_rl.bench.identification import DEFAULT_CONFIG
+
+    cfg = load_config(DEFAULT_CONFIG, SMALL, cls=TrainConfig)
+    decisions = collect_decisions(cfg, cfg.policy.model, batches=3)
+    assert decisions
+    for d in decisions:
+        # The current hand alone: a J to open says nothing (the prior, 0.3); a bet faced
+        # with Q is made by the aggressive opponent always and by the others half the
+        # time (0.3 / (0.3 * 0.5 + 0.3 + 0.4 * 0.5)).
+        assert d.p_current == pytest.approx(0.3) or d.p_current == pytest.approx(0.3 / 0.65)
+        # The history never rules out the true opponent.
+        if "aggressive" in d.opponent:
+            assert d.p_history > 0.0
+        else:
+            assert d.p_history < 1.0

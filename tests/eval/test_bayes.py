@@ -17,7 +17,8 @@ from mage_rl.bench.adaptation import (
     method_config,
 )
 from mage_rl.envs import Population
-from mage_rl.eval.bayes import bayes_last_hand, hand_table
+from mage_rl.envs.opponents import make_opponent
+from mage_rl.eval.bayes import bayes_last_hand, hand_table, observation_likelihood
 from tests.graphs.conftest import ScriptedChat
 
 POPULATION = Population.parse("kuhn_train", game="kuhn_poker")
@@ -91,3 +92,26 @@ def test_exact_evaluation_matches_the_enumerated_value_of_a_fixed_strategy() -> 
     expected = float(table.values[always_pass] @ np.asarray(POPULATION.weights))
     assert result["ev_by_episode"] == pytest.approx([expected, expected], abs=1e-9)
     assert result["ev_by_opponent"]["kuhn_poker:aggressive"][0] == pytest.approx(-1.0)
+
+
+def test_observation_likelihood_over_the_unseen_card() -> None:
+    J, Q, K = 0, 1, 2
+    PASS, BET = 0, 1
+    opponents = {}
+    for name in ("conservative", "aggressive", "intermediate"):
+        opponents[name] = make_opponent(f"kuhn_poker:{name}")
+        opponents[name].reset(0)
+    # Agent first holds Q, passes, and faces a bet: the conservative opponent bets only K,
+    # the aggressive one always, the intermediate one K and Q (the agent holds Q).
+    facing = (Q, (PASS, BET), -1)
+    got = {n: observation_likelihood(o, 0, facing) for n, o in opponents.items()}
+    assert got == {"conservative": 0.5, "aggressive": 1.0, "intermediate": 0.5}
+    # A showdown after two passes that shows Q: only the conservative opponent checks Q.
+    shown = (J, (PASS, PASS), Q)
+    got = {n: observation_likelihood(o, 0, shown) for n, o in opponents.items()}
+    assert got == {"conservative": 0.5, "aggressive": 0.0, "intermediate": 0.0}
+    # Second seat: the agent holds K and sees the opponent open with a bet. The
+    # conservative opponent opens only with K, the intermediate one with Q too.
+    opened = (K, (BET,), -1)
+    got = {n: observation_likelihood(o, 1, opened) for n, o in opponents.items()}
+    assert got == {"conservative": 0.0, "aggressive": 1.0, "intermediate": 0.5}
