@@ -84,7 +84,7 @@ def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
         return tasks, cfg.rollout.group_size
     pop = population(cfg)
     mixed = [
-        TaskInstance(task.seed, pop.sample(derive_seed("mixed", task.seed, r)), task.seat)
+        TaskInstance(task.seed, pop.sample(derive_seed("mixed", task.seed, r)), task.seat, draw=r)
         for task in tasks
         for r in range(cfg.rollout.group_size)
     ]

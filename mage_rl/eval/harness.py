@@ -33,11 +33,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatResult
-from pydantic import PrivateAttr
-
 from mage_rl.envs import (
     ENV_NAMES,
     POPULATION_PRESETS,
@@ -50,7 +45,7 @@ from mage_rl.envs import (
     resolve_seat,
 )
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
-from mage_rl.policy.chat_model import PolicyChatModel
+from mage_rl.policy.chat_model import SeededChatModel
 from mage_rl.rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, record_from_state, sample_tasks
 
@@ -437,27 +432,6 @@ def slim(record: MetaEpisodeRecord) -> MetaEpisodeRecord:
 
 
 # -- playing -----------------------------------------------------------------------------
-
-
-class SeededChatModel(PolicyChatModel):
-    """A :class:`PolicyChatModel` whose i-th call samples with seed
-    ``derive_seed("eval-call", sample_seed, i)``: one instance per meta-episode makes its
-    samples independent of batching, scheduling and resumption."""
-
-    sample_seed: int = 0
-    _calls: int = PrivateAttr(default=0)
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        if kwargs.get("seed") is None:
-            kwargs["seed"] = derive_seed("eval-call", self.sample_seed, self._calls)
-            self._calls += 1
-        return await super()._agenerate(messages, stop, run_manager, **kwargs)
 
 
 async def play_tasks(

@@ -33,7 +33,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, Policy, SamplingParams
@@ -118,6 +118,39 @@ class PolicyChatModel(BaseChatModel):
         # Policies are async-only; run_sync uses a fresh loop (on a helper thread if this
         # thread already runs one).
         return run_sync(self._agenerate(messages, stop, None, **kwargs))
+
+
+class SeededChatModel(PolicyChatModel):
+    """A :class:`PolicyChatModel` whose i-th call samples with seed
+    ``derive_seed("eval-call", sample_seed, i)``.
+
+    One instance per meta-episode makes its samples a function of ``sample_seed`` alone,
+    whatever the batching, the scheduling or the order in which concurrent meta-episodes
+    reach the engine. A call that passes its own ``seed`` keeps it.
+    """
+
+    sample_seed: int = 0
+    _calls: int = PrivateAttr(default=0)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if kwargs.get("seed") is None:
+            from mage_rl.envs.base import derive_seed  # not at import: envs loads OpenSpiel
+
+            kwargs["seed"] = derive_seed("eval-call", self.sample_seed, self._calls)
+            self._calls += 1
+        return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+
+def seeded(chat: PolicyChatModel, sample_seed: int) -> SeededChatModel:
+    """A :class:`SeededChatModel` with the policy and sampling settings of ``chat``."""
+    fields = {name: getattr(chat, name) for name in PolicyChatModel.model_fields}
+    return SeededChatModel(**fields, sample_seed=sample_seed)
 
 
 def to_policy_messages(messages: list[BaseMessage]) -> list[Message]:

@@ -22,17 +22,23 @@ from langchain_core.language_models import BaseChatModel
 from mage_rl.envs import Population, derive_seed, make_env, resolve_seat
 from mage_rl.graphs.meta_episode import MetaEpisodeGraph
 from mage_rl.graphs.state import MetaEpisodeState
+from mage_rl.policy.chat_model import PolicyChatModel, seeded
 from mage_rl.rl.advantages import group_id
 from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 
 
 @dataclass(frozen=True)
 class TaskInstance:
-    """One group's task: everything the G rollouts share."""
+    """One group's task: everything the G rollouts share.
+
+    ``draw`` tells apart task instances that are otherwise equal, such as the rollouts
+    of a mixed group that drew the same opponent; it salts their sampling seeds only.
+    """
 
     seed: int
     opponent: str
     seat: int
+    draw: int = 0
 
 
 def sample_tasks(
@@ -108,10 +114,21 @@ async def collect_rollouts(
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     gate = asyncio.Semaphore(concurrency)
 
+    def chat(task: TaskInstance, rollout: int) -> BaseChatModel:
+        # A policy chat model without a fixed seed gets one stream per meta-episode, so
+        # that a batch's samples do not depend on the order in which concurrent
+        # meta-episodes reach the engine: same weights and seeds, same records.
+        if isinstance(llm, PolicyChatModel) and llm.seed is None:
+            key = (task.seed, task.opponent, task.seat, task.draw, rollout)
+            return seeded(llm, derive_seed("rollout-sample", *key))
+        return llm
+
     async def one(task: TaskInstance, rollout: int) -> MetaEpisodeRecord:
         async with gate:
             env = make_env(env_name, task.opponent, seat=task.seat, max_turns=max_turns)
-            state = await graph.run(env, llm, task_seed=task.seed, opponent=task.opponent)
+            state = await graph.run(
+                env, chat(task, rollout), task_seed=task.seed, opponent=task.opponent
+            )
         record = record_from_state(
             state, task=task, rollout=rollout, env_name=env_name, agent=graph.name
         )
