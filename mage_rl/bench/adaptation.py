@@ -28,8 +28,10 @@ for the greedy policy, with no sampling noise.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -454,9 +456,9 @@ def bench_adaptation(
                 )
                 runs.append(result)
                 doc["results"][name][seat] = aggregate(runs)
-                _write_json(out, doc)
+                doc = _save_cell(out, doc, name, seat)
             doc["results"][name][seat] = aggregate(runs)
-            _write_json(out, doc)
+            doc = _save_cell(out, doc, name, seat)
     plot_curves(doc, out.with_name(out.stem + "_curves.png"))
     return doc
 
@@ -503,6 +505,26 @@ def _new_run_dir(parent: Path, name: str) -> Path:
             continue
         return path
     raise FileExistsError(f"no free run folder for {name} in {parent}")
+
+
+def _save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str, Any]:
+    """Write the ``results[name][seat]`` cell of ``doc`` into the results file.
+
+    Several benchmarks may share one ``--out`` (one per core, say), each with other
+    methods, seats or seeds: the file is read again under a lock on its folder, this
+    cell replaced, and the rest kept, so no benchmark overwrites cells another wrote
+    since it started. Returns the document as written.
+    """
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged["reference"], merged["setup"] = doc["reference"], doc["setup"]
+        merged.setdefault("results", {}).setdefault(name, {})[seat] = doc["results"][name][seat]
+        _write_json(path, merged)
+    finally:
+        os.close(folder)  # closing the descriptor releases the lock
+    return merged
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

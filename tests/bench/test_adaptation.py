@@ -90,3 +90,20 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
     # Other pretraining settings do not silently reuse that model.
     with pytest.raises(FileExistsError, match="other settings"):
         bench_adaptation(**{**common, "pretrain": PretrainSettings(batches=2)})
+
+
+def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
+    from mage_rl.bench.adaptation import _save_cell
+
+    out = tmp_path / "shared.json"
+    cell = {"ev_by_episode": [0.1], "last_episode_ev": 0.1, "seeds": [0], "runs": []}
+    # Two benchmarks start from the same (empty) file, then each writes its own cell.
+    first = {"reference": {}, "setup": {"iterations": 5}, "results": {"mage": {"first": cell}}}
+    second = {"reference": {}, "setup": {"iterations": 5}, "results": {"cumulative": {}}}
+    _save_cell(out, first, "mage", "first")
+    second["results"]["cumulative"]["second"] = {**cell, "seeds": [1]}
+    merged = _save_cell(out, second, "cumulative", "second")
+    on_disk = json.loads(out.read_text())
+    assert on_disk == merged
+    assert on_disk["results"]["mage"]["first"]["seeds"] == [0]
+    assert on_disk["results"]["cumulative"]["second"]["seeds"] == [1]
