@@ -511,20 +511,39 @@ def _save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[st
     """Write the ``results[name][seat]`` cell of ``doc`` into the results file.
 
     Several benchmarks may share one ``--out`` (one per core, say), each with other
-    methods, seats or seeds: the file is read again under a lock on its folder, this
-    cell replaced, and the rest kept, so no benchmark overwrites cells another wrote
-    since it started. Returns the document as written.
+    methods, seats or seeds: the file is read again under a lock on its folder and this
+    cell merged into it, so no benchmark overwrites what another wrote since it started.
+    Within the cell, runs are kept per seed: the file's runs of other seeds stay if they
+    had the same budget (iterations, time limit, pretrained start or not) and the mean is
+    taken again; runs with another budget are replaced. Returns the document as written.
     """
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         merged = json.loads(path.read_text()) if path.exists() else {}
         merged["reference"], merged["setup"] = doc["reference"], doc["setup"]
-        merged.setdefault("results", {}).setdefault(name, {})[seat] = doc["results"][name][seat]
+        cells = merged.setdefault("results", {}).setdefault(name, {})
+        cells[seat] = _merge_cell(cells.get(seat), doc["results"][name][seat])
         _write_json(path, merged)
     finally:
         os.close(folder)  # closing the descriptor releases the lock
     return merged
+
+
+def _budget(run: dict[str, Any]) -> tuple[Any, ...]:
+    return (run.get("iterations"), run.get("max_train_seconds"), bool(run.get("pretrained")))
+
+
+def _merge_cell(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s runs plus ``old``'s runs of other seeds with the same budget, re-averaged."""
+    runs = {r["seed"]: r for r in new.get("runs", [])}
+    if not runs or not old:
+        return new
+    budgets = {_budget(r) for r in runs.values()}
+    for run in old.get("runs", []):
+        if run["seed"] not in runs and _budget(run) in budgets:
+            runs[run["seed"]] = run
+    return aggregate([runs[seed] for seed in sorted(runs)])
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -569,6 +588,22 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _mean_curve(
+    runs: Sequence[dict[str, Any]],
+) -> tuple[list[int], list[list[float]], list[list[float]]]:
+    """Iterations, the mean EV of each episode index over seeds, and each seed's last episode.
+
+    Only the evaluation points every run reached are kept, so runs stopped early by a
+    time budget shorten the curve instead of skewing its tail.
+    """
+    curves = [{p["iteration"]: p["ev_by_episode"] for p in r["curve"]} for r in runs]
+    xs = sorted(set.intersection(*(set(c) for c in curves)))
+    k = len(curves[0][xs[0]])
+    mean = [[sum(c[x][i] for c in curves) / len(curves) for x in xs] for i in range(k)]
+    last = [[c[x][-1] for x in xs] for c in curves]
+    return xs, mean, last
+
+
 def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
     """EV of every episode index against training iterations: one panel per method and seat."""
     import matplotlib
@@ -598,16 +633,13 @@ def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
             if seat not in results[name]:
                 ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", fontsize=8)
                 continue
-            curve = results[name][seat]["runs"][0]["curve"]
-            xs = [p["iteration"] for p in curve]
-            for k in range(len(curve[0]["ev_by_episode"])):
-                ax.plot(
-                    xs,
-                    [p["ev_by_episode"][k] for p in curve],
-                    marker="o",
-                    ms=3,
-                    label=f"ev@{k + 1}",
-                )
+            xs, mean, per_seed = _mean_curve(results[name][seat]["runs"])
+            for k, ys in enumerate(mean):
+                ax.plot(xs, ys, marker="o", ms=3, label=f"ev@{k + 1}")
+            if len(per_seed) > 1:
+                ax.set_title(f"{name}, agent {seat}, mean of {len(per_seed)} seeds", fontsize=8)
+                for ys in per_seed:  # each seed's last hand, faint
+                    ax.plot(xs, ys, color=f"C{len(mean) - 1}", lw=0.7, alpha=0.35)
             if row == len(seats) - 1:
                 ax.set_xlabel("iteration", fontsize=8)
             if col == 0:

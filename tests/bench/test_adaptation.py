@@ -107,3 +107,42 @@ def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
     assert on_disk == merged
     assert on_disk["results"]["mage"]["first"]["seeds"] == [0]
     assert on_disk["results"]["cumulative"]["second"]["seeds"] == [1]
+
+
+def _run(seed: int, ev: float, iterations: int = 5) -> dict:
+    return {
+        "seed": seed,
+        "iterations": iterations,
+        "max_train_seconds": None,
+        "pretrained": None,
+        "train_seconds": 1.0,
+        "ev_by_episode": [ev, ev],
+        "curve": [{"iteration": 0, "ev_by_episode": [0.0, 0.0]}],
+    }
+
+
+def test_benchmarks_adding_seeds_to_one_cell_keep_each_others_runs(tmp_path) -> None:
+    from mage_rl.bench.adaptation import _save_cell, aggregate, plot_curves
+
+    out = tmp_path / "shared.json"
+    base = {"reference": {}, "setup": {}}
+    _save_cell(
+        out, {**base, "results": {"mage": {"first": aggregate([_run(0, 0.3)])}}}, "mage", "first"
+    )
+    # Two benchmarks, seeds 2 and 1, each knowing only its own run.
+    _save_cell(
+        out, {**base, "results": {"mage": {"first": aggregate([_run(2, 0.0)])}}}, "mage", "first"
+    )
+    cell = _save_cell(
+        out, {**base, "results": {"mage": {"first": aggregate([_run(1, 0.6)])}}}, "mage", "first"
+    )["results"]["mage"]["first"]
+    assert cell["seeds"] == [0, 1, 2]
+    assert cell["last_episode_ev"] == pytest.approx(0.3)
+    # A run with another budget replaces the cell instead of being averaged with it.
+    longer = aggregate([_run(1, 0.9, iterations=50)])
+    cell = _save_cell(out, {**base, "results": {"mage": {"first": longer}}}, "mage", "first")
+    assert cell["results"]["mage"]["first"]["seeds"] == [1]
+
+    doc = json.loads(out.read_text())
+    doc["reference"] = {"first": {"best_fixed": 0.1, "target": 0.2, "ceiling": 0.3}}
+    assert plot_curves(doc, tmp_path / "curves.png").stat().st_size > 0
