@@ -32,6 +32,7 @@ import fcntl
 import json
 import logging
 import os
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -646,9 +647,10 @@ def plot_curves(doc: dict[str, Any], path: Path) -> Path | None:
                 ax.set_ylabel("chips per hand (exact, greedy)", fontsize=8)
             ax.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(
-        "Kuhn Poker, K hands: grey lines are best fixed (--), target (-.), ceiling (:)", fontsize=9
-    )
+    title = "Kuhn Poker, K hands: grey lines are best fixed (--), target (-.), ceiling (:)"
+    # About 14 characters of 9-point text per inch: wrap so one panel shows the whole title.
+    width = int(14 * fig.get_figwidth())
+    fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
