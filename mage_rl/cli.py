@@ -334,7 +334,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_adaptation(args: argparse.Namespace) -> int:
-    from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, bench_adaptation, format_table
+    from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, bench_adaptation
+    from mage_rl.bench.adaptation_results import format_table
     from mage_rl.rl.pretrain import PretrainSettings
 
     methods = list(METHODS) if args.methods == "all" else args.methods.split(",")

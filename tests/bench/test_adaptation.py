@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from mage_rl.bench.adaptation import METHODS, bench_adaptation, format_table
+from mage_rl.bench.adaptation import METHODS, bench_adaptation
+from mage_rl.bench.adaptation_results import format_table
 from mage_rl.rl.pretrain import PretrainSettings
 
 SMALL = ["meta.episodes=2", "rollout.tasks=2", "rollout.group_size=2", "learner.mini_batch_size=8"]
@@ -93,16 +94,16 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
 
 
 def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
-    from mage_rl.bench.adaptation import _save_cell
+    from mage_rl.bench.adaptation_results import save_cell
 
     out = tmp_path / "shared.json"
     cell = {"ev_by_episode": [0.1], "last_episode_ev": 0.1, "seeds": [0], "runs": []}
     # Two benchmarks start from the same (empty) file, then each writes its own cell.
     first = {"reference": {}, "setup": {"iterations": 5}, "results": {"mage": {"first": cell}}}
     second = {"reference": {}, "setup": {"iterations": 5}, "results": {"cumulative": {}}}
-    _save_cell(out, first, "mage", "first")
+    save_cell(out, first, "mage", "first")
     second["results"]["cumulative"]["second"] = {**cell, "seeds": [1]}
-    merged = _save_cell(out, second, "cumulative", "second")
+    merged = save_cell(out, second, "cumulative", "second")
     on_disk = json.loads(out.read_text())
     assert on_disk == merged
     assert on_disk["results"]["mage"]["first"]["seeds"] == [0]
@@ -122,25 +123,25 @@ def _run(seed: int, ev: float, iterations: int = 5) -> dict:
 
 
 def test_benchmarks_adding_seeds_to_one_cell_keep_each_others_runs(tmp_path) -> None:
-    from mage_rl.bench.adaptation import _save_cell, aggregate, plot_curves
+    from mage_rl.bench.adaptation_results import aggregate, plot_curves, save_cell
 
     out = tmp_path / "shared.json"
     base = {"reference": {}, "setup": {}}
-    _save_cell(
+    save_cell(
         out, {**base, "results": {"mage": {"first": aggregate([_run(0, 0.3)])}}}, "mage", "first"
     )
     # Two benchmarks, seeds 2 and 1, each knowing only its own run.
-    _save_cell(
+    save_cell(
         out, {**base, "results": {"mage": {"first": aggregate([_run(2, 0.0)])}}}, "mage", "first"
     )
-    cell = _save_cell(
+    cell = save_cell(
         out, {**base, "results": {"mage": {"first": aggregate([_run(1, 0.6)])}}}, "mage", "first"
     )["results"]["mage"]["first"]
     assert cell["seeds"] == [0, 1, 2]
     assert cell["last_episode_ev"] == pytest.approx(0.3)
     # A run with another budget replaces the cell instead of being averaged with it.
     longer = aggregate([_run(1, 0.9, iterations=50)])
-    cell = _save_cell(out, {**base, "results": {"mage": {"first": longer}}}, "mage", "first")
+    cell = save_cell(out, {**base, "results": {"mage": {"first": longer}}}, "mage", "first")
     assert cell["results"]["mage"]["first"]["seeds"] == [1]
 
     doc = json.loads(out.read_text())
