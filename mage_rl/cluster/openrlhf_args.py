@@ -107,6 +107,12 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
             "policy.constrain_actions is not available with train.backend=openrlhf (the "
             "DeepSpeed actor scores the unrestricted distribution); set it to false"
         )
+    if learner.entropy_target > 0:
+        raise ValueError(
+            "learner.entropy_target (adaptive entropy bonus) is not available with "
+            "train.backend=openrlhf, whose actor takes a fixed --actor.entropy_coef; set "
+            "learner.entropy_target: 0 and a fixed learner.entropy_coef"
+        )
     if learner.kl_kind not in _KL:
         raise ValueError(f"learner.kl_kind={learner.kl_kind!r} has no OpenRLHF estimator")
     if learner.dtype == "fp32":

@@ -7,7 +7,7 @@ appends one turn record (the training sample) to the ``turns`` channel.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -26,6 +26,15 @@ from mage_rl.nodes.prompts import (
 from mage_rl.rl.records import EpisodeResult, Turn
 
 REFLECTION_ANCHOR = "reflection"
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values shared rather than deep-copied.
+
+    ``dataclasses.asdict`` copies every token list of a turn on every graph step; the
+    values here are fresh lists made for this turn, so sharing them is safe and cheap.
+    """
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def to_langchain(messages: list[Message]) -> list[BaseMessage]:
@@ -132,7 +141,7 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
         opponent=ctx.opponent,
         **fields,
     )
-    return {"pending": asdict(pending)}
+    return {"pending": _fields(pending)}
 
 
 async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) -> dict[str, Any]:
@@ -162,9 +171,9 @@ async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]
             turns=len(past) + 1,
             invalid_actions=sum(t["invalid"] for t in past) + int(info.invalid),
         )
-        update["episodes"] = [asdict(episode)]
+        update["episodes"] = [_fields(episode)]
         update["history"] = [
-            asdict(
+            _fields(
                 PastEpisode(
                     index=k,
                     initial_observation=state["initial_observation"],
@@ -203,7 +212,7 @@ async def reflect(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext])
         invalid_reason="" if remark is not None else "no <remark>...</remark> tag found",
         **fields,
     )
-    update: dict[str, Any] = {"turns": [asdict(turn)]}
+    update: dict[str, Any] = {"turns": [_fields(turn)]}
     if remark:
         update["memory"] = [remark]
     return update

@@ -90,7 +90,17 @@ class LearnerConfig:
         kl_kind: KL estimator: ``"low_var_kl"`` (k3, Schulman 2020; unbiased and
             non-negative), ``"k1"`` or ``"k2"``.
         entropy_coef: Weight of the entropy bonus (SPEC §6: 0.001); keeps exploration
-            alive, too large a value makes responses ramble.
+            alive, too large a value makes responses ramble. With ``entropy_target`` it
+            is the starting weight.
+        entropy_target: Adaptive entropy bonus when > 0: after each update the weight
+            moves by ``entropy_coef_step``, up when the update's mean entropy (nats per
+            response token, the reported ``entropy``; tokens that constrained decoding
+            forces count as 0) was below this target, down when above, kept within
+            ``[0, entropy_coef_max]``. A policy that turns deterministic early stops
+            sampling the actions it would need to compare; this holds its entropy near
+            the target instead. 0 keeps ``entropy_coef`` fixed.
+        entropy_coef_step: Change of the adaptive weight per update.
+        entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
             still reported).
         mini_batch_size: Samples per optimizer step (paper: 64). A batch of N samples
@@ -127,6 +137,9 @@ class LearnerConfig:
     kl_coef: float = 0.0
     kl_kind: KLKind = "low_var_kl"
     entropy_coef: float = 0.001
+    entropy_target: float = 0.0
+    entropy_coef_step: float = 0.01
+    entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
     mini_batch_size: int = 64
     micro_batch_tokens: int = 4096
@@ -146,7 +159,16 @@ class LearnerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"LearnerConfig.{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("weight_decay", "kl_coef", "entropy_coef", "max_grad_norm", "lora_dropout")
+        non_negative = (
+            "weight_decay",
+            "kl_coef",
+            "entropy_coef",
+            "entropy_target",
+            "entropy_coef_step",
+            "entropy_coef_max",
+            "max_grad_norm",
+            "lora_dropout",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"LearnerConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -239,6 +261,9 @@ class Learner:
         )
         self.ref_model = self._make_reference(ref_model)
         self.step = 0
+        # The entropy bonus's weight now: config.entropy_coef, or adapted after each
+        # update when config.entropy_target is set.
+        self.entropy_coef = self.config.entropy_coef
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
         if self.ref_model is not None:
@@ -407,11 +432,11 @@ class Learner:
                 logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
             )
             loss = pg_loss
-            if cfg.entropy_coef > 0:
+            if self.entropy_coef > 0:
                 entropy = token_mean(
                     entropy_from_logits(logits, batch.allowed_index), batch.mask, total
                 )
-                loss = loss - cfg.entropy_coef * entropy
+                loss = loss - self.entropy_coef * entropy
             else:
                 with torch.no_grad():
                     entropy = token_mean(
@@ -444,8 +469,9 @@ class Learner:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
             ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm``
             (mean pre-clip norm over optimizer steps), ``steps``, ``skipped_steps``
-            (non-finite gradients), ``tokens`` (response tokens trained on) and
-            ``tokens_per_s`` (prompt and response tokens through the learner per second).
+            (non-finite gradients), ``tokens`` (response tokens trained on),
+            ``tokens_per_s`` (prompt and response tokens through the learner per second)
+            and ``entropy_coef`` (the entropy bonus's weight during this update).
         """
         cfg = self.config
         items = self._prepare_samples(samples)
@@ -453,6 +479,7 @@ class Learner:
         result: dict[str, float] = dict.fromkeys(
             (*keys, "grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s"), 0.0
         )
+        result["entropy_coef"] = self.entropy_coef
         if not items:
             logger.warning("Learner.update got no samples with response tokens; nothing to do")
             return result
@@ -494,7 +521,16 @@ class Learner:
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
         result["tokens"] = float(trained_tokens)
         result["tokens_per_s"] = seen_tokens / elapsed
+        self._adapt_entropy_coef(result["entropy"])
         return result
+
+    def _adapt_entropy_coef(self, entropy: float) -> None:
+        """One step of the adaptive entropy weight (``config.entropy_target``)."""
+        cfg = self.config
+        if cfg.entropy_target <= 0:
+            return
+        step = cfg.entropy_coef_step if entropy < cfg.entropy_target else -cfg.entropy_coef_step
+        self.entropy_coef = min(max(self.entropy_coef + step, 0.0), cfg.entropy_coef_max)
 
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
         """Weights for a rollout engine (``engine.update_weights(sd)``), HF key names.
@@ -567,7 +603,12 @@ class Learner:
             self.model.save_pretrained(tmp / MODEL_DIR)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self._rng_state(), tmp / "rng.pt")
-        meta = {"step": self.step, "lora": self.config.lora, "config": asdict(self.config)}
+        meta = {
+            "step": self.step,
+            "entropy_coef": self.entropy_coef,
+            "lora": self.config.lora,
+            "config": asdict(self.config),
+        }
         (tmp / "learner.json").write_text(json.dumps(meta, indent=2))
         if old.exists():
             shutil.rmtree(old)
@@ -624,6 +665,7 @@ class Learner:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = int(meta["step"])
+        self.entropy_coef = float(meta.get("entropy_coef", self.config.entropy_coef))
 
     def _load_weights(self, model_dir: Path) -> None:
         from safetensors.torch import load_file

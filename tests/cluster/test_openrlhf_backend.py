@@ -73,6 +73,7 @@ def test_every_flag_is_one_openrlhf_knows(model_dir: Path, tmp_path: Path) -> No
         ("policy.model=tiny", "HF directory"),
         ("learner.dtype=fp32", "bf16"),
         ("policy.constrain_actions=true", "constrain_actions"),
+        ("learner.entropy_target=0.05", "entropy_target"),
     ],
 )
 def test_settings_openrlhf_cannot_run_are_refused(

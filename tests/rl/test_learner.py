@@ -183,6 +183,38 @@ def test_kl_reference_is_a_frozen_copy() -> None:
     assert set(sd) == set(learner.model.state_dict())
 
 
+def test_adaptive_entropy_weight_follows_the_target(tmp_path: Path) -> None:
+    # A target above any reachable entropy: the weight climbs by one step per update and
+    # the bonus, with no advantage to oppose it, raises the entropy.
+    config = fp32(lr=1e-2, entropy_coef=0.0, entropy_target=50.0, entropy_coef_step=0.5)
+    learner = Learner(make_model(), config)
+    samples = on_policy_samples(learner, [0.0] * 6)
+    stats = [learner.update(samples) for _ in range(4)]
+    assert [s["entropy_coef"] for s in stats] == [0.0, 0.5, 1.0, 1.5]
+    assert learner.entropy_coef == 2.0
+    assert stats[-1]["entropy"] > stats[1]["entropy"]
+    # The weight is part of the checkpoint.
+    learner.save(tmp_path / "ckpt")
+    restored = Learner(make_model(), config)
+    restored.load(tmp_path / "ckpt")
+    assert restored.entropy_coef == 2.0
+
+    # A target below the entropy: the weight falls and stops at 0; the cap holds above.
+    low = Learner(make_model(), fp32(entropy_coef=0.3, entropy_target=1e-6, entropy_coef_step=0.2))
+    for _ in range(3):
+        low.update(samples)
+    assert low.entropy_coef == 0.0
+    capped = fp32(entropy_target=50.0, entropy_coef_step=1.0, entropy_coef_max=1.5)
+    high = Learner(make_model(), capped)
+    for _ in range(3):
+        high.update(samples)
+    assert high.entropy_coef == 1.5
+    # Without a target the weight never moves.
+    fixed = Learner(make_model(), fp32(entropy_coef=0.3))
+    fixed.update(samples)
+    assert fixed.entropy_coef == 0.3
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_save_load_restores_model_optimizer_and_rng(tmp_path: Path, lora: bool) -> None:
     config = fp32(lr=1e-2, mini_batch_size=3, lora=lora, lora_r=4)
