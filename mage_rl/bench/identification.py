@@ -32,6 +32,15 @@ Two references bracket that accuracy, both computed exactly from what the agent 
 The gap between the two is what reading the past hands can add. A model that stays at
 the no-history accuracy with labels cannot be expected to learn the same mapping from
 RL's far noisier signal in the same number of decisions.
+
+How much noisier is measured on the same decisions: the rollouts that gave them are
+scored by the config's training targets (returns, GiGPO advantages) exactly as the
+trainer would, and each decision's advantage is signed towards the label (``+A`` when
+the sampled answer was the label, ``-A`` when it was the other). A label is a signal of
+mean 1 and no spread; the signed advantage has a mean (its direction, positive when RL
+pushes towards the label) and a spread, and their ratio (the signal-to-noise ratio per
+decision) says roughly how many RL decisions are worth one labelled one (about
+``1 / snr**2``).
 """
 
 from __future__ import annotations
@@ -79,6 +88,9 @@ class Decision(NamedTuple):
         p_history: Posterior probability of the aggressive opponent given the past hands
             and the current hand so far.
         p_current: The same from the current hand alone.
+        action: Index in :data:`ANSWERS` of the answer sampled in the rollout.
+        advantage: The advantage training would give that answer (the config's
+            returns and advantages over the rollout batch).
     """
 
     prompt_ids: list[int]
@@ -86,6 +98,8 @@ class Decision(NamedTuple):
     opponent: str
     p_history: float
     p_current: float
+    action: int = 0
+    advantage: float = 0.0
 
 
 def aggressive_posterior(
@@ -143,9 +157,15 @@ def aggressive_posterior(
 
 
 def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[Decision]:
-    """The labelled last-hand decisions of ``batches`` rollout batches at temperature 1."""
+    """The labelled last-hand decisions of ``batches`` rollout batches at temperature 1.
+
+    Each carries the answer sampled and the advantage the config's training targets give
+    it, computed over its whole rollout batch as the trainer does.
+    """
     from mage_rl import runtime
+    from mage_rl.envs.parsing import extract_action
     from mage_rl.policy.models import load_model
+    from mage_rl.rl.advantages import compute_advantages
 
     engine_model, tokenizer = load_model(model_spec, dtype=cfg.policy.dtype)
     engine = runtime.build_engine(cfg.policy, engine_model, tokenizer)
@@ -156,11 +176,16 @@ def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[D
     try:
         for b in range(batches):
             tasks, group_size = runtime.training_tasks(cfg, 2_000_000 + b)
-            for record in runtime.run_rollouts(cfg, graph, llm, tasks, group_size):
+            records = runtime.run_rollouts(cfg, graph, llm, tasks, group_size)
+            advantages = compute_advantages(records, cfg.returns, cfg.advantages)
+            for record, adv in zip(records, advantages, strict=True):
                 for i, turn in enumerate(record.turns):
                     answer = label(turn.anchor, record.opponent) if turn.episode == last else None
                     if answer is None or turn.kind != "play":
                         continue
+                    sampled = (extract_action(turn.text) or "").strip().upper()
+                    if sampled not in ANSWERS:
+                        continue  # an invalid answer (possible without constrained decoding)
                     p_history, p_current = aggressive_posterior(cfg, record, i)
                     out.append(
                         Decision(
@@ -169,10 +194,43 @@ def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[D
                             record.opponent,
                             p_history,
                             p_current,
+                            ANSWERS.index(sampled),
+                            adv[i],
                         )
                     )
     finally:
         engine.close()
+    return out
+
+
+def advantage_signal(decisions: Sequence[Decision]) -> dict[str, dict[str, float]]:
+    """The advantages' pull towards the labels: signed advantage statistics.
+
+    For each decision ``g = A`` if the sampled answer was the label, else ``-A``.
+    Reported for all decisions and separately against the aggressive opponent (where
+    the label goes against the best fixed strategy, so only reading the history can
+    earn it) and the others: ``n``, ``sampled_label`` (share of answers that were the
+    label), ``mean``, ``std`` and ``snr = mean / std``.
+    """
+    parts = {
+        "all": list(decisions),
+        "aggressive": [d for d in decisions if "aggressive" in d.opponent],
+        "others": [d for d in decisions if "aggressive" not in d.opponent],
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, items in parts.items():
+        if not items:
+            continue
+        g = [d.advantage if d.action == d.label else -d.advantage for d in items]
+        mean = sum(g) / len(g)
+        std = math.sqrt(sum((x - mean) ** 2 for x in g) / len(g))
+        out[name] = {
+            "n": len(g),
+            "sampled_label": sum(d.action == d.label for d in items) / len(items),
+            "mean": mean,
+            "std": std,
+            "snr": mean / std if std > 0 else 0.0,
+        }
     return out
 
 
@@ -261,6 +319,12 @@ def bench_identification(
         f"{len(data)} decisions ({len(train)} to train on); held-out references: majority "
         f"label {majority:.3f}, best without history {no_history:.3f}, Bayes {bayes:.3f}"
     )
+    signal = advantage_signal(data)
+    for name, row in signal.items():
+        log(
+            f"  RL signal towards the label, {name}: {row['n']} decisions, mean signed "
+            f"advantage {row['mean']:+.3f}, std {row['std']:.3f}, snr {row['snr']:+.3f}"
+        )
 
     def accuracy() -> float:
         net.eval()
@@ -301,6 +365,7 @@ def bench_identification(
         "majority_baseline": majority,
         "no_history_accuracy": no_history,
         "bayes_accuracy": bayes,
+        "advantage_signal": signal,
         "final_accuracy": curve[-1]["accuracy"],
         "best_accuracy": max(p["accuracy"] for p in curve),
         "curve": curve,

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from mage_rl.bench.identification import (
+    Decision,
+    advantage_signal,
     bench_identification,
     choice_logits,
     collect_decisions,
@@ -59,6 +61,12 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     # Both references are expected accuracies of a best guess between two classes.
     assert 0.5 <= result["no_history_accuracy"] <= 1.0
     assert 0.5 <= result["bayes_accuracy"] <= 1.0
+    signal = result["advantage_signal"]
+    assert signal["all"]["n"] == result["decisions"]
+    assert (
+        sum(signal[k]["n"] for k in ("aggressive", "others") if k in signal) == result["decisions"]
+    )
+    assert 0.0 <= signal["all"]["sampled_label"] <= 1.0 and signal["all"]["std"] > 0
     assert result["curve"][0]["decisions_seen"] == 0
     assert all(0.0 <= p["accuracy"] <= 1.0 for p in result["curve"])
     with pytest.raises(ValueError, match="seat=first"):
@@ -86,3 +94,27 @@ def test_posteriors_replay_what_the_agent_saw() -> None:
             assert d.p_history > 0.0
         else:
             assert d.p_history < 1.0
+    # The advantages are the trainer's: the same records through compute_advantages.
+    assert any(d.advantage != 0.0 for d in decisions)
+    assert {d.action for d in decisions} <= {0, 1}
+
+
+def test_advantage_signal_signs_towards_the_label() -> None:
+    def decision(opponent: str, label: int, action: int, advantage: float) -> Decision:
+        return Decision([1], label, opponent, 0.5, 0.5, action, advantage)
+
+    # Against the aggressive opponent RL pushes towards the label (the label sampled and
+    # rewarded, or the other answer sampled and punished); against the others, away.
+    decisions = [
+        decision("aggressive", 0, 0, 2.0),
+        decision("aggressive", 0, 1, -4.0),
+        decision("conservative", 1, 1, -1.0),
+        decision("intermediate", 1, 0, 1.0),
+    ]
+    signal = advantage_signal(decisions)
+    assert signal["aggressive"]["mean"] == pytest.approx(3.0)
+    assert signal["aggressive"]["std"] == pytest.approx(1.0)
+    assert signal["aggressive"]["snr"] == pytest.approx(3.0)
+    assert signal["aggressive"]["sampled_label"] == 0.5
+    assert signal["others"]["mean"] == pytest.approx(-1.0) and signal["others"]["snr"] == 0.0
+    assert signal["all"]["n"] == 4 and signal["all"]["mean"] == pytest.approx(1.0)
