@@ -221,7 +221,8 @@ def run_method(
 
     Training stops after ``iterations``, or earlier once the rollout-and-update time
     reaches ``max_train_seconds`` (evaluation time is not counted); the run is then
-    evaluated one last time.
+    evaluated one last time and its final policy saved under
+    ``run_dir/checkpoints/iter_N``.
     """
     from mage_rl import runtime
     from mage_rl.cluster.backends import trainer_class
@@ -266,6 +267,10 @@ def run_method(
                 curve.append(evaluate(done, train_seconds))
             if out_of_time:
                 break
+        # The trained policy stays inspectable (mage eval, mage serve, mage bench
+        # identification --set policy.model=...): one checkpoint, at the end.
+        if done:
+            trainer.save(done)
     finally:
         trainer.engine.close()
         trainer.metrics.close()

@@ -38,6 +38,9 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     assert saved["reference"]["first"]["target"] == pytest.approx((1 / 12 + 0.2833) / 2, abs=1e-3)
     assert (tmp_path / "adaptation_curves.png").stat().st_size > 0
     assert "| mage |" in format_table(doc)
+    # Each run ends with a checkpoint of its final policy, a loadable HF model.
+    models = sorted(tmp_path.glob("**/checkpoints/iter_000001/model/config.json"))
+    assert len(models) == 3
     # A second call keeps the finished runs instead of training again.
     lines.clear()
     bench_adaptation(
