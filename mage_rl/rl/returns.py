@@ -68,6 +68,15 @@ class ReturnConfig:
         length_penalty: ``c_len``, weight of the soft over-length penalty ``w(L)`` (SPEC
             §3): 2.0 for the games, 1.0 for Sokoban. It discourages responses that
             approach the length limit and get truncated.
+        reward_to_go: ``"differential"`` mode only. ``D_k = R_k - R_{k-1}`` charges the
+            turns of episode k with the previous episode's reward, which nothing they do
+            can change. With this on, they are not charged it: their returns and scores
+            drop the ``-R_{k-1}`` term (the score becomes ``R_k``), while the turns of
+            episode k-1, whose result it is, keep it through ``gamma_traj``. What is
+            dropped from a turn's target is fixed by the history the turn has already
+            seen, so the expected policy gradient is MAGE's and the objective is still
+            the last episode; the variance is lower (the reward-to-go form of the policy
+            gradient). Off by default (SPEC §4 as written).
     """
 
     mode: RewardMode = "differential"
@@ -75,6 +84,7 @@ class ReturnConfig:
     gamma_traj: float = 0.6
     invalid_penalty: float = 0.5
     length_penalty: float = 2.0
+    reward_to_go: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in REWARD_MODES:
@@ -83,6 +93,11 @@ class ReturnConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ReturnConfig.{name} must be in [0, 1], got {value}")
+        if self.reward_to_go and self.mode != "differential":
+            raise ValueError(
+                f"ReturnConfig.reward_to_go applies to mode 'differential' only (mode "
+                f"{self.mode!r} has no past-episode term to drop); set it to false"
+            )
         for name in ("invalid_penalty", "length_penalty"):
             value = getattr(self, name)
             if value < 0:
@@ -307,6 +322,14 @@ def sample_targets(
     penalties = sample_penalties(
         invalid, response_lengths, max_lengths, cfg.invalid_penalty, cfg.length_penalty
     )
+    if cfg.reward_to_go:
+        # -R_{k-1}, the past term of D_k, discounted inside episode k only: what it adds
+        # to the returns of episode k's own turns. Its share in the returns of earlier
+        # episodes (through gamma_traj) stays.
+        raw = np.asarray(episode_rewards, dtype=np.float64).reshape(-1)
+        past = -np.concatenate(([0.0], raw[:-1]))
+        returns = returns - step_returns(kinds, episode_idx, past, cfg.gamma_step, 0.0)
+        signal = signal - past  # D_k + R_{k-1} = R_k
     scores = episode_scores(kinds, episode_idx, signal, penalties)
     return returns, scores
 

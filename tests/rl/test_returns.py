@@ -52,6 +52,42 @@ def test_differential_returns_by_hand() -> None:
     np.testing.assert_allclose(scores, [-10.0, -10.0, 0.0, 20.0, 20.0, 0.0, 0.0])
 
 
+def test_reward_to_go_returns_by_hand() -> None:
+    # D = [-10, 20, 0]; the past terms -R_{k-1} are [0, 10, -10].
+    # episode 2: G(p4) = R_2 = 10 (MAGE: 0 = 10 - R_1);          G(r2) = 10
+    # episode 1: G(p3) = R_1 + 0.6 * D_2 = 10;  G(p2) = 9.5;      G(r1) = 9.5
+    # episode 0: no past episode, so MAGE's returns: 1.4 and 1.33.
+    cfg = ReturnConfig(reward_to_go=True)
+    returns, scores = sample_targets(KINDS, EPISODES, R, NO_FLAGS, LENGTHS, L_MAX, cfg)
+    np.testing.assert_allclose(returns, [1.33, 1.4, 9.5, 9.5, 10.0, 10.0, 10.0])
+    np.testing.assert_allclose(scores, [-10.0, -10.0, 0.0, 10.0, 10.0, 0.0, 10.0])
+
+
+def test_reward_to_go_drops_only_what_the_turn_has_seen() -> None:
+    # Undiscounted, every turn's target is the last episode's reward: MAGE's objective.
+    flat = ReturnConfig(gamma_step=1.0, gamma_traj=1.0, reward_to_go=True)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        rewards = rng.choice([-10.0, -5.0, 5.0, 10.0], size=3)
+        returns, _ = sample_targets(KINDS, EPISODES, rewards, NO_FLAGS, LENGTHS, L_MAX, flat)
+        np.testing.assert_allclose(returns, rewards[-1])
+    # Discounted, a turn of episode k differs from MAGE by a multiple of R_{k-1} alone:
+    # changing the rewards of episode k and later leaves the difference as it is.
+    mage, rtg = ReturnConfig(), ReturnConfig(reward_to_go=True)
+
+    def gap(rewards: list[float]) -> np.ndarray:
+        a, _ = sample_targets(KINDS, EPISODES, rewards, NO_FLAGS, LENGTHS, L_MAX, mage)
+        b, _ = sample_targets(KINDS, EPISODES, rewards, NO_FLAGS, LENGTHS, L_MAX, rtg)
+        return b - a
+
+    base = gap([-10.0, 10.0, 10.0])
+    np.testing.assert_allclose(base[:2], 0.0)  # episode 0 has no past
+    np.testing.assert_allclose(gap([-10.0, -5.0, 5.0])[2:5], base[2:5])  # R_0 fixed
+    np.testing.assert_allclose(gap([0.0, 10.0, -10.0])[5:], base[5:])  # R_1 fixed
+    with pytest.raises(ValueError, match="differential"):
+        ReturnConfig(mode="cumulative", reward_to_go=True)
+
+
 def test_cumulative_returns_by_hand() -> None:
     # LaMer: m = R = [-10, 10, 10].
     # G(p4) = 10;                    G(r2) = 10
