@@ -33,9 +33,10 @@ The gap between the two is what reading the past hands can add. A model that sta
 the no-history accuracy with labels cannot be expected to learn the same mapping from
 RL's far noisier signal in the same number of decisions.
 
-How much noisier is measured on the same decisions: the rollouts that gave them are
-scored by the config's training targets (returns, GiGPO advantages) exactly as the
-trainer would, and each decision's advantage is signed towards the label (``+A`` when
+How much noisier is measured on the same rollouts: they are scored by the config's
+training targets (returns, GiGPO advantages) exactly as the trainer would, and each
+labelled decision of every hand (the labels hold in any hand, the opponent being fixed)
+has its advantage signed towards the label (``+A`` when
 the sampled answer was the label, ``-A`` when it was the other). A label is a signal of
 mean 1 and no spread; the signed advantage has a mean (its direction, positive when RL
 pushes towards the label) and a spread, and their ratio (the signal-to-noise ratio per
@@ -79,7 +80,7 @@ def label(anchor: str, opponent: str) -> str | None:
 
 
 class Decision(NamedTuple):
-    """A labelled last-hand decision.
+    """A labelled decision.
 
     Attributes:
         prompt_ids: The prompt the model saw.
@@ -91,6 +92,7 @@ class Decision(NamedTuple):
         action: Index in :data:`ANSWERS` of the answer sampled in the rollout.
         advantage: The advantage training would give that answer (the config's
             returns and advantages over the rollout batch).
+        episode: Index of the hand the decision was made in (0 for the first).
     """
 
     prompt_ids: list[int]
@@ -100,6 +102,7 @@ class Decision(NamedTuple):
     p_current: float
     action: int = 0
     advantage: float = 0.0
+    episode: int = 0
 
 
 def aggressive_posterior(
@@ -156,11 +159,14 @@ def aggressive_posterior(
     return posterior(seen), posterior(seen[-1:])
 
 
-def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[Decision]:
-    """The labelled last-hand decisions of ``batches`` rollout batches at temperature 1.
+def collect_decisions(
+    cfg: TrainConfig, model_spec: str, batches: int, every_hand: bool = False
+) -> list[Decision]:
+    """The labelled decisions of ``batches`` rollout batches at temperature 1.
 
-    Each carries the answer sampled and the advantage the config's training targets give
-    it, computed over its whole rollout batch as the trainer does.
+    Last-hand decisions only, or those of every hand with ``every_hand``. Each carries
+    the answer sampled and the advantage the config's training targets give it,
+    computed over its whole rollout batch as the trainer does.
     """
     from mage_rl import runtime
     from mage_rl.envs.parsing import extract_action
@@ -180,7 +186,8 @@ def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[D
             advantages = compute_advantages(records, cfg.returns, cfg.advantages)
             for record, adv in zip(records, advantages, strict=True):
                 for i, turn in enumerate(record.turns):
-                    answer = label(turn.anchor, record.opponent) if turn.episode == last else None
+                    wanted = every_hand or turn.episode == last
+                    answer = label(turn.anchor, record.opponent) if wanted else None
                     if answer is None or turn.kind != "play":
                         continue
                     sampled = (extract_action(turn.text) or "").strip().upper()
@@ -196,6 +203,7 @@ def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[D
                             p_current,
                             ANSWERS.index(sampled),
                             adv[i],
+                            turn.episode,
                         )
                     )
     finally:
@@ -203,35 +211,41 @@ def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[D
     return out
 
 
-def advantage_signal(decisions: Sequence[Decision]) -> dict[str, dict[str, float]]:
+def advantage_signal(decisions: Sequence[Decision]) -> list[dict[str, Any]]:
     """The advantages' pull towards the labels: signed advantage statistics.
 
     For each decision ``g = A`` if the sampled answer was the label, else ``-A``.
-    Reported for all decisions and separately against the aggressive opponent (where
-    the label goes against the best fixed strategy, so only reading the history can
-    earn it) and the others: ``n``, ``sampled_label`` (share of answers that were the
-    label), ``mean``, ``std`` and ``snr = mean / std``.
+    One row per hand and opponent class: ``aggressive`` (where the label goes against
+    the best fixed strategy, so only reading the history can earn it), ``others`` and
+    ``all``, each with ``hand`` (1-based), ``opponents``, ``n``, ``sampled_label``
+    (share of answers that were the label), ``mean``, ``std`` and ``snr = mean / std``.
     """
-    parts = {
-        "all": list(decisions),
-        "aggressive": [d for d in decisions if "aggressive" in d.opponent],
-        "others": [d for d in decisions if "aggressive" not in d.opponent],
-    }
-    out: dict[str, dict[str, float]] = {}
-    for name, items in parts.items():
-        if not items:
-            continue
-        g = [d.advantage if d.action == d.label else -d.advantage for d in items]
-        mean = sum(g) / len(g)
-        std = math.sqrt(sum((x - mean) ** 2 for x in g) / len(g))
-        out[name] = {
-            "n": len(g),
-            "sampled_label": sum(d.action == d.label for d in items) / len(items),
-            "mean": mean,
-            "std": std,
-            "snr": mean / std if std > 0 else 0.0,
+    rows: list[dict[str, Any]] = []
+    for hand in sorted({d.episode for d in decisions}):
+        in_hand = [d for d in decisions if d.episode == hand]
+        parts = {
+            "aggressive": [d for d in in_hand if "aggressive" in d.opponent],
+            "others": [d for d in in_hand if "aggressive" not in d.opponent],
+            "all": in_hand,
         }
-    return out
+        for name, items in parts.items():
+            if not items:
+                continue
+            g = [d.advantage if d.action == d.label else -d.advantage for d in items]
+            mean = sum(g) / len(g)
+            std = math.sqrt(sum((x - mean) ** 2 for x in g) / len(g))
+            rows.append(
+                {
+                    "hand": hand + 1,
+                    "opponents": name,
+                    "n": len(g),
+                    "sampled_label": sum(d.action == d.label for d in items) / len(items),
+                    "mean": mean,
+                    "std": std,
+                    "snr": mean / std if std > 0 else 0.0,
+                }
+            )
+    return rows
 
 
 def expected_accuracy(decisions: Sequence[Decision], history: bool) -> float:
@@ -302,7 +316,8 @@ def bench_identification(
         raise ValueError("the identification benchmark needs env.name=kuhn_poker, env.seat=first")
     spec = model or cfg.policy.model
     start = time.perf_counter()
-    data = collect_decisions(cfg, spec, batches)
+    everything = collect_decisions(cfg, spec, batches, every_hand=True)
+    data = [d for d in everything if d.episode == cfg.meta.episodes - 1]
     if len(data) < test_size + batch_size:
         raise ValueError(f"{len(data)} decisions collected; need test_size + batch_size")
     random.Random(seed).shuffle(data)
@@ -319,11 +334,12 @@ def bench_identification(
         f"{len(data)} decisions ({len(train)} to train on); held-out references: majority "
         f"label {majority:.3f}, best without history {no_history:.3f}, Bayes {bayes:.3f}"
     )
-    signal = advantage_signal(data)
-    for name, row in signal.items():
+    signal = advantage_signal(everything)
+    log("RL's signal towards the same labels (signed advantages, every hand):")
+    for row in signal:
         log(
-            f"  RL signal towards the label, {name}: {row['n']} decisions, mean signed "
-            f"advantage {row['mean']:+.3f}, std {row['std']:.3f}, snr {row['snr']:+.3f}"
+            f"  hand {row['hand']}, {row['opponents']:10s}: {row['n']:5d} decisions, mean "
+            f"{row['mean']:+.3f}, std {row['std']:.3f}, snr {row['snr']:+.3f}"
         )
 
     def accuracy() -> float:

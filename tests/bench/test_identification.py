@@ -62,11 +62,11 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     assert 0.5 <= result["no_history_accuracy"] <= 1.0
     assert 0.5 <= result["bayes_accuracy"] <= 1.0
     signal = result["advantage_signal"]
-    assert signal["all"]["n"] == result["decisions"]
-    assert (
-        sum(signal[k]["n"] for k in ("aggressive", "others") if k in signal) == result["decisions"]
-    )
-    assert 0.0 <= signal["all"]["sampled_label"] <= 1.0 and signal["all"]["std"] > 0
+    last = [r for r in signal if r["hand"] == 3]
+    everyone = next(r for r in last if r["opponents"] == "all")
+    assert everyone["n"] == result["decisions"]
+    assert sum(r["n"] for r in last if r["opponents"] != "all") == result["decisions"]
+    assert {r["hand"] for r in signal} <= {1, 2, 3} and 0.0 <= everyone["sampled_label"] <= 1.0
     assert result["curve"][0]["decisions_seen"] == 0
     assert all(0.0 <= p["accuracy"] <= 1.0 for p in result["curve"])
     with pytest.raises(ValueError, match="seat=first"):
@@ -111,10 +111,10 @@ def test_advantage_signal_signs_towards_the_label() -> None:
         decision("conservative", 1, 1, -1.0),
         decision("intermediate", 1, 0, 1.0),
     ]
-    signal = advantage_signal(decisions)
-    assert signal["aggressive"]["mean"] == pytest.approx(3.0)
-    assert signal["aggressive"]["std"] == pytest.approx(1.0)
-    assert signal["aggressive"]["snr"] == pytest.approx(3.0)
-    assert signal["aggressive"]["sampled_label"] == 0.5
-    assert signal["others"]["mean"] == pytest.approx(-1.0) and signal["others"]["snr"] == 0.0
-    assert signal["all"]["n"] == 4 and signal["all"]["mean"] == pytest.approx(1.0)
+    rows = {r["opponents"]: r for r in advantage_signal(decisions)}
+    assert rows["aggressive"]["mean"] == pytest.approx(3.0)
+    assert rows["aggressive"]["std"] == pytest.approx(1.0)
+    assert rows["aggressive"]["snr"] == pytest.approx(3.0)
+    assert rows["aggressive"]["sampled_label"] == 0.5 and rows["aggressive"]["hand"] == 1
+    assert rows["others"]["mean"] == pytest.approx(-1.0) and rows["others"]["snr"] == 0.0
+    assert rows["all"]["n"] == 4 and rows["all"]["mean"] == pytest.approx(1.0)
