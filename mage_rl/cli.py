@@ -329,6 +329,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         from pathlib import Path
 
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     return 0
 
@@ -379,6 +380,7 @@ def _bench_identification(args: argparse.Namespace) -> int:
         f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
     )
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
 
