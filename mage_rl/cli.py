@@ -327,10 +327,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         report = format_learner_report(result)
     print(report)
     if args.json:
-        from pathlib import Path
-
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        _write_json(args.json, result)
     return 0
 
 
@@ -360,6 +357,13 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_json(path: str, result: object) -> None:
+    """A benchmark's raw result as JSON, creating the folder it goes into."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=2, default=str))
+
+
 def _bench_identification(args: argparse.Namespace) -> int:
     from mage_rl.bench.identification import DEFAULT_CONFIG, bench_identification
 
@@ -380,8 +384,7 @@ def _bench_identification(args: argparse.Namespace) -> int:
         f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
     )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        _write_json(args.json, result)
     return 0
 
 

@@ -159,14 +159,11 @@ def aggressive_posterior(
     return posterior(seen), posterior(seen[-1:])
 
 
-def collect_decisions(
-    cfg: TrainConfig, model_spec: str, batches: int, every_hand: bool = False
-) -> list[Decision]:
-    """The labelled decisions of ``batches`` rollout batches at temperature 1.
+def collect_decisions(cfg: TrainConfig, model_spec: str, batches: int) -> list[Decision]:
+    """The labelled decisions, of every hand, of ``batches`` rollout batches at temperature 1.
 
-    Last-hand decisions only, or those of every hand with ``every_hand``. Each carries
-    the answer sampled and the advantage the config's training targets give it,
-    computed over its whole rollout batch as the trainer does.
+    Each carries its hand, the answer sampled and the advantage the config's training
+    targets give it, computed over its whole rollout batch as the trainer does.
     """
     from mage_rl import runtime
     from mage_rl.envs.parsing import extract_action
@@ -177,7 +174,6 @@ def collect_decisions(
     engine = runtime.build_engine(cfg.policy, engine_model, tokenizer)
     llm = runtime.chat_model(engine, temperature=1.0, max_tokens=cfg.policy.max_tokens)
     graph = runtime.build_graph(cfg)
-    last = cfg.meta.episodes - 1
     out = []
     try:
         for b in range(batches):
@@ -186,8 +182,7 @@ def collect_decisions(
             advantages = compute_advantages(records, cfg.returns, cfg.advantages)
             for record, adv in zip(records, advantages, strict=True):
                 for i, turn in enumerate(record.turns):
-                    wanted = every_hand or turn.episode == last
-                    answer = label(turn.anchor, record.opponent) if wanted else None
+                    answer = label(turn.anchor, record.opponent)
                     if answer is None or turn.kind != "play":
                         continue
                     sampled = (extract_action(turn.text) or "").strip().upper()
@@ -316,7 +311,7 @@ def bench_identification(
         raise ValueError("the identification benchmark needs env.name=kuhn_poker, env.seat=first")
     spec = model or cfg.policy.model
     start = time.perf_counter()
-    everything = collect_decisions(cfg, spec, batches, every_hand=True)
+    everything = collect_decisions(cfg, spec, batches)
     data = [d for d in everything if d.episode == cfg.meta.episodes - 1]
     if len(data) < test_size + batch_size:
         raise ValueError(f"{len(data)} decisions collected; need test_size + batch_size")

@@ -259,8 +259,16 @@ class Trainer:
         learn_s: float,
     ) -> dict[str, float]:
         scalars = flatten_summary(summarize_records(records, self.cfg.meta.episodes), "charts")
-        keys = ("loss", "pg_loss", "kl", "entropy", "entropy_coef", "clip_frac", "approx_kl")
-        for key in (*keys, "grad_norm"):
+        for key in (
+            "loss",
+            "pg_loss",
+            "kl",
+            "entropy",
+            "entropy_coef",
+            "clip_frac",
+            "approx_kl",
+            "grad_norm",
+        ):
             if key in stats:
                 scalars[f"losses/{key}"] = stats[key]
         turns = [t for r in records for t in r.turns]

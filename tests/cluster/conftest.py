@@ -1,18 +1,10 @@
-"""Shared fixtures of the cluster tests; OpenRLHF's model code importable on a CPU.
-
-``_shims/flash_attn`` goes on ``sys.path`` only when the real flash-attn is missing.
-"""
+"""Shared fixtures of the cluster tests (the flash-attn shim is set up in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-if importlib.util.find_spec("flash_attn") is None:
-    sys.path.insert(0, str(Path(__file__).parent / "_shims"))
 
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 
