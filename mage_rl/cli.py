@@ -497,7 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     g.add_argument("--iterations", type=int, default=60, help="the budget of every run")
     g.add_argument(
-        "--minutes", type=float, default=None, help="also stop a run after this training time"
+        "--minutes",
+        type=float,
+        default=None,
+        help="also stop a run after this training time (pretraining included)",
     )
     g.add_argument(
         "--pretrain",

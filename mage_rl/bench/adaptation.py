@@ -37,7 +37,13 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from mage_rl.bench.adaptation_results import SEATS, aggregate, plot_curves, save_cell
+from mage_rl.bench.adaptation_results import (
+    SEATS,
+    aggregate,
+    plot_curves,
+    run_budget_seconds,
+    save_cell,
+)
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.rl.pretrain import PretrainSettings
 from mage_rl.rl.records import MetaEpisodeRecord
@@ -344,7 +350,8 @@ def bench_adaptation(
         iterations: Rollout-and-update iterations per run (the shared budget).
         minutes: A time budget as well: a run stops once its training time (rollouts
             and updates, not evaluation) reaches this many minutes, if that comes before
-            ``iterations``.
+            ``iterations``. With ``pretrain``, the seed's pretraining time is part of
+            it: RL gets what pretraining left.
         eval_every: Exact evaluation every N iterations (and after the last).
         out: Results JSON; its folder also receives run folders and ``curves.png``.
         overrides: ``key=value`` config overrides applied to every run.
@@ -404,7 +411,7 @@ def bench_adaptation(
                 r["seed"]: r
                 for r in (cell or {}).get("runs", [])
                 if r["iterations"] == iterations
-                and r.get("max_train_seconds") == max_seconds
+                and run_budget_seconds(r) == max_seconds
                 and r.get("pretrained") == pretrained.get(r["seed"])
             }
             runs = []
@@ -416,7 +423,13 @@ def bench_adaptation(
                 run_dir = _new_run_dir(parent, f"{name}_{seat}_seed{seed}_{int(time.time())}")
                 start_model = pretrained.get(seed)
                 extra = [*overrides, *([f"policy.model={start_model}"] if start_model else [])]
+                pretrain_seconds = (
+                    doc["setup"]["pretrain"][str(seed)]["seconds"] if start_model else 0.0
+                )
+                rl_seconds = _rl_seconds(max_seconds, pretrain_seconds, minutes)
                 budget = f"{iterations} iterations" + (f" or {minutes:g} min" if minutes else "")
+                if start_model and minutes:
+                    budget += f" ({pretrain_seconds:.0f}s of them pretraining)"
                 log(f"{name} / {seat} / seed {seed}: training {budget} in {run_dir}")
 
                 def show(point: dict[str, Any], name: str = name, seat: str = seat) -> None:
@@ -437,12 +450,11 @@ def bench_adaptation(
                     run_dir=run_dir,
                     extra=extra,
                     on_point=show,
-                    max_train_seconds=max_seconds,
+                    max_train_seconds=rl_seconds,
                 )
                 result["pretrained"] = start_model
-                result["pretrain_seconds"] = (
-                    doc["setup"]["pretrain"][str(seed)]["seconds"] if start_model else 0.0
-                )
+                result["pretrain_seconds"] = pretrain_seconds
+                result["budget_seconds"] = max_seconds
                 runs.append(result)
                 doc["results"][name][seat] = aggregate(runs)
                 doc = save_cell(out, doc, name, seat)
@@ -450,6 +462,21 @@ def bench_adaptation(
             doc = save_cell(out, doc, name, seat)
     plot_curves(doc, out.with_name(out.stem + "_curves.png"))
     return doc
+
+
+def _rl_seconds(
+    budget_seconds: float | None, pretrain_seconds: float, minutes: float | None
+) -> float | None:
+    """What a time budget leaves for RL once pretraining has taken its part."""
+    if budget_seconds is None:
+        return None
+    left = budget_seconds - pretrain_seconds
+    if left <= 0:
+        raise ValueError(
+            f"pretraining took {pretrain_seconds:.0f}s, the whole --minutes {minutes:g} "
+            "budget; give more minutes or pretrain less (fewer batches or epochs)"
+        )
+    return left
 
 
 def _pretrained_model(

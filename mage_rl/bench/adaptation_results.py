@@ -40,8 +40,9 @@ def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str
     methods, seats or seeds: the file is read again under a lock on its folder and this
     cell merged into it, so no benchmark overwrites what another wrote since it started.
     Within the cell, runs are kept per seed: the file's runs of other seeds stay if they
-    had the same budget (iterations, time limit, pretrained start or not) and the mean is
-    taken again; runs with another budget are replaced. Returns the document as written.
+    had the same budget (iterations, time limit with any pretraining, pretrained start or
+    not) and the mean is taken again; runs with another budget are replaced. Returns the
+    document as written.
     """
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -56,8 +57,13 @@ def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str
     return merged
 
 
+def run_budget_seconds(run: dict[str, Any]) -> float | None:
+    """A run's whole time limit, pretraining and RL (``max_train_seconds`` in old files)."""
+    return run.get("budget_seconds", run.get("max_train_seconds"))
+
+
 def _budget(run: dict[str, Any]) -> tuple[Any, ...]:
-    return (run.get("iterations"), run.get("max_train_seconds"), bool(run.get("pretrained")))
+    return (run.get("iterations"), run_budget_seconds(run), bool(run.get("pretrained")))
 
 
 def _merge_cell(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:

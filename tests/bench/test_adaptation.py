@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mage_rl.bench.adaptation import METHODS, bench_adaptation
+from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, _pretrained_model, bench_adaptation
 from mage_rl.bench.adaptation_results import format_table
-from mage_rl.rl.pretrain import PretrainSettings
+from mage_rl.rl.pretrain import SUMMARY_FILE, PretrainSettings
 
 SMALL = ["meta.episodes=2", "rollout.tasks=2", "rollout.group_size=2", "learner.mini_batch_size=8"]
 
@@ -64,6 +64,12 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
     out = tmp_path / "adaptation.json"
     lines: list[str] = []
     settings = PretrainSettings(batches=1, epochs=1, batch_size=8, holdout=4)
+    # Pretrain first, to know its time: the budget is that plus a moment, so RL is out of
+    # time after its first iteration.
+    model = _pretrained_model(DEFAULT_CONFIG, SMALL, 0, settings, tmp_path / "runs", print)
+    pretrain_seconds = json.loads(
+        (tmp_path / "runs" / "pretrained_seed0" / SUMMARY_FILE).read_text()
+    )["seconds"]
     common = dict(
         methods=["mage", "gigpo_single"],
         seats=["first"],
@@ -72,11 +78,10 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
         out=out,
         overrides=SMALL,
         pretrain=settings,
-        minutes=1e-4,  # out of time after the first iteration
+        minutes=(pretrain_seconds + 1e-3) / 60,
         log=lines.append,
     )
     doc = bench_adaptation(**common)
-    model = str(tmp_path / "runs" / "pretrained_seed0")
     assert doc["setup"]["pretrain"]["0"]["seats"] == ["first", "second"]
     for name in ("mage", "gigpo_single"):
         run = doc["results"][name]["first"]["runs"][0]
@@ -85,12 +90,19 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
         assert run["iterations_done"] == 1
         assert [p["iteration"] for p in run["curve"]] == [0, 1]
         assert run["pretrain_seconds"] > 0
+        # Pretraining is part of the time budget: RL gets what it left.
+        assert run["pretrain_seconds"] == pretrain_seconds
+        assert run["budget_seconds"] == pytest.approx(pretrain_seconds + 1e-3)
+        assert run["max_train_seconds"] == pytest.approx(1e-3)
     assert "+" in format_table(doc).split("| mage |")[1].splitlines()[0]
     # Again: the pretrained model and the runs are kept, not made anew.
     lines.clear()
     bench_adaptation(**common)
     assert any("pretrained model of seed 0: kept" in line for line in lines)
     assert sum("kept from" in line for line in lines) == 3
+    # A budget that pretraining used up is refused, not run with no RL at all.
+    with pytest.raises(ValueError, match="the whole --minutes"):
+        bench_adaptation(**{**common, "minutes": pretrain_seconds / 120})
     # Other pretraining settings do not silently reuse that model.
     with pytest.raises(FileExistsError, match="other settings"):
         bench_adaptation(**{**common, "pretrain": PretrainSettings(batches=2)})
