@@ -337,6 +337,13 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
     from mage_rl.rl.pretrain import PretrainSettings
 
     methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
+    sizes = {
+        name: value
+        for name, value in (("batches", args.pretrain_batches), ("epochs", args.pretrain_epochs))
+        if value is not None
+    }
+    if sizes and not args.pretrain:
+        raise SystemExit("--pretrain-batches and --pretrain-epochs need --pretrain")
     doc = bench_adaptation(
         config=args.config or DEFAULT_CONFIG,
         methods=methods,
@@ -348,7 +355,7 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
         overrides=args.set,
         resume=not args.fresh,
         runs_dir=args.runs_dir,
-        pretrain=PretrainSettings() if args.pretrain else None,
+        pretrain=PretrainSettings(**sizes) if args.pretrain else None,
         minutes=args.minutes,
         log=console.print,
     )
@@ -507,6 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="pretrain the model on game transcripts first (mage pretrain), once per seed",
     )
+    g.add_argument(
+        "--pretrain-batches", type=int, default=None, help="rollout batches per seat (10)"
+    )
+    g.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
     g.add_argument("--eval-every", type=int, default=10)
     g.add_argument("--out", default="runs/adaptation/adaptation.json")
     g.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")

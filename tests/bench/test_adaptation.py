@@ -162,3 +162,12 @@ def test_benchmarks_adding_seeds_to_one_cell_keep_each_others_runs(tmp_path) -> 
     doc = json.loads(out.read_text())
     doc["reference"] = {"first": {"best_fixed": 0.1, "target": 0.2, "ceiling": 0.3}}
     assert plot_curves(doc, tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_cli_pretrain_sizes_need_pretrain(tmp_path) -> None:
+    from mage_rl.cli import main
+
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit, match="need --pretrain"):
+        main(["bench", "adaptation", "--pretrain-epochs", "2", "--out", str(out)])
+    assert not out.exists()
