@@ -48,7 +48,14 @@ def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         merged = json.loads(path.read_text()) if path.exists() else {}
-        merged["reference"], merged["setup"] = doc["reference"], doc["setup"]
+        # Pretrained models are per seed: a benchmark of other seeds keeps the file's.
+        pretrained = {
+            **merged.get("setup", {}).get("pretrain", {}),
+            **doc["setup"].get("pretrain", {}),
+        }
+        merged["reference"], merged["setup"] = doc["reference"], dict(doc["setup"])
+        if pretrained:
+            merged["setup"]["pretrain"] = pretrained
         cells = merged.setdefault("results", {}).setdefault(name, {})
         cells[seat] = _merge_cell(cells.get(seat), doc["results"][name][seat])
         _write_json(path, merged)

@@ -125,6 +125,19 @@ def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
     assert on_disk["results"]["cumulative"]["second"]["seeds"] == [1]
 
 
+def test_benchmarks_of_other_seeds_keep_each_others_pretraining(tmp_path) -> None:
+    from mage_rl.bench.adaptation_results import save_cell
+
+    out = tmp_path / "shared.json"
+    cell = {"ev_by_episode": [0.1], "last_episode_ev": 0.1, "seeds": [0], "runs": []}
+    for seed in (0, 1):
+        setup = {"iterations": 5, "pretrain": {str(seed): {"seconds": 10.0 + seed}}}
+        doc = {"reference": {}, "setup": setup, "results": {"mage": {"first": cell}}}
+        save_cell(out, doc, "mage", "first")
+    pretrain = json.loads(out.read_text())["setup"]["pretrain"]
+    assert pretrain == {"0": {"seconds": 10.0}, "1": {"seconds": 11.0}}
+
+
 def _run(seed: int, ev: float, iterations: int = 5) -> dict:
     return {
         "seed": seed,
