@@ -5,7 +5,9 @@ engine's worker thread and never touches an event loop.
 
 1. Left-pad the prompts to a common length ``T``; the attention mask hides the padding
    and ``position_ids`` count only real tokens, so each row sees exactly what it would
-   see alone.
+   see alone. A constrained request's prompt is followed by the tokens all its choices
+   share (``<action>`` of ``<action>PASS</action>`` and ``<action>BET</action>``): they
+   have only one allowed value, log-prob 0, and need no decode step of their own.
 2. Prefill: one forward pass over ``(B, T)`` fills the KV cache and gives the logits of
    the first response token (only the last position's logits are computed).
 3. Each decode step samples one token per row (:mod:`mage_rl.policy.sampling`), checks
@@ -79,8 +81,10 @@ class DecodeStats:
         batches: Batches run.
         requests: Requests answered.
         forward_passes: Model forward passes (one prefill plus one per decode step).
-        prompt_tokens: Real (unpadded) prompt tokens prefilled.
-        generated_tokens: Tokens sampled.
+        prompt_tokens: Real (unpadded) tokens prefilled: the prompts, and the tokens
+            every choice of a constrained request starts with.
+        generated_tokens: Tokens sampled (a constrained request's shared leading tokens
+            and the rest of its choice once only one is left are taken, not sampled).
         largest_batch: Most requests decoded together.
         compute_seconds: Wall time spent in batches.
     """
@@ -122,9 +126,14 @@ def decode_batch(
     stats.requests += len(requests)
     stats.largest_batch = max(stats.largest_batch, len(requests))
     try:
+        # Tokens every allowed choice shares (``<action>`` of ``<action>PASS</action>`` and
+        # ``<action>BET</action>``) are not drawn: they go into the prefill with the prompt.
+        active = [r for r in active if not _force_prefix(r, tokenizer)]
+        if not active:
+            return
         with torch.inference_mode():
             input_ids, attention_mask = _left_pad(
-                [r.prompt_ids for r in active], pad_id, device
+                [r.prompt_ids + r.response_ids for r in active], pad_id, device
             )  # (B, T), (B, T)
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
             next_position = attention_mask.sum(-1)  # (B,)
@@ -223,6 +232,28 @@ def _constrain(active: list[DecodeRequest], logits: torch.Tensor, logp: torch.Te
         request.allowed.append(allowed)
 
 
+def _force_prefix(request: DecodeRequest, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Append the tokens a constrained request must start with; True if that ends it.
+
+    While only one token is allowed next, it is taken without a forward pass, with
+    log-prob exactly 0 (the restricted distribution has one outcome), and reported to
+    ``on_token`` like a drawn token. A single allowed choice is answered whole here.
+    """
+    if request.candidates is None or request.cancelled():
+        return request.cancelled()
+    while len(allowed := allowed_next(request.candidates, request.response_ids)) == 1:
+        token = allowed[0]
+        request.response_ids.append(token)
+        request.logprobs.append(0.0)
+        request.allowed.append([token])
+        if request.on_token is not None:
+            request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
+    if not is_complete(request.candidates, request.response_ids):
+        return False
+    _answer(request, "stop", _decode(tokenizer, request.response_ids))
+    return True
+
+
 def _complete_forced(request: DecodeRequest) -> None:
     """Once one choice is left, append its remaining tokens without forward passes.
 
@@ -270,8 +301,13 @@ def _advance(
         finish_reason = "length"
     if finish_reason is None:
         return False
-    if text is None:
-        text = _decode(tokenizer, request.response_ids)
+    _answer(
+        request, finish_reason, _decode(tokenizer, request.response_ids) if text is None else text
+    )
+    return True
+
+
+def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:
     request.resolve(
         Generation(
             text=text,
@@ -282,7 +318,6 @@ def _advance(
             allowed=[list(ids) for ids in request.allowed],
         )
     )
-    return True
 
 
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

@@ -72,6 +72,25 @@ def test_engine_samples_only_choices_with_restricted_logprobs(tiny) -> None:
     assert math.isclose(sum(math.exp(v) for v in by_text.values()), 1.0, rel_tol=1e-5)
 
 
+def test_shared_leading_tokens_need_no_decode_step(tiny) -> None:
+    model, tokenizer = tiny
+    with LocalEngine(model, tokenizer, seed=0) as engine:
+        gens = _generate(engine, [SamplingParams(choices=CHOICES, seed=i) for i in range(8)])
+        # "<action>" goes into the prefill, the action token is drawn from its logits, and
+        # the rest of the chosen answer is appended: one forward pass per batch.
+        assert engine.stats.forward_passes == engine.stats.batches
+        assert engine.stats.generated_tokens == len(gens)
+        shared = allowed_next(choice_token_ids(tokenizer, CHOICES), [])
+        assert all(g.response_ids[0] == shared[0] and g.logprobs[0] == 0.0 for g in gens)
+        # A single choice is answered whole without running the model.
+        passes = engine.stats.forward_passes
+        (only,) = _generate(engine, [SamplingParams(choices=CHOICES[:1], seed=0)])
+        assert engine.stats.forward_passes == passes
+    assert only.text == CHOICES[0] and only.finish_reason == "stop"
+    assert only.logprobs == [0.0] * len(only.response_ids)
+    assert all(len(a) == 1 for a in only.allowed)
+
+
 def test_learner_scores_the_restricted_distribution(tiny) -> None:
     model, tokenizer = tiny
     with LocalEngine(model, tokenizer, seed=0) as engine:
