@@ -99,6 +99,13 @@ class LearnerConfig:
             ``[0, entropy_coef_max]``. A policy that turns deterministic early stops
             sampling the actions it would need to compare; this holds its entropy near
             the target instead. 0 keeps ``entropy_coef`` fixed.
+        entropy_target_positions: What ``entropy_target`` is compared with: ``"all"``,
+            the mean over every response token (the reported ``entropy``), or
+            ``"free"``, the mean over the positions where more than one token is
+            allowed (the reported ``entropy_free``: under constrained decoding the
+            choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
+            the target is in nats per choice, whatever the length of the forced text
+            around it, and a two-way choice can reach up to ln 2.
         entropy_coef_step: Change of the adaptive weight per update.
         entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
@@ -138,6 +145,7 @@ class LearnerConfig:
     kl_kind: KLKind = "low_var_kl"
     entropy_coef: float = 0.001
     entropy_target: float = 0.0
+    entropy_target_positions: str = "all"
     entropy_coef_step: float = 0.01
     entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
@@ -178,6 +186,11 @@ class LearnerConfig:
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(
                 f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
+            )
+        if self.entropy_target_positions not in ("all", "free"):
+            raise ValueError(
+                "LearnerConfig.entropy_target_positions must be 'all' or 'free', got "
+                f"{self.entropy_target_positions!r}"
             )
         if self.kl_kind not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
             raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
@@ -417,7 +430,9 @@ class Learner:
 
         Returns:
             Loss terms and statistics, each a token sum divided by ``num_tokens``:
-            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``.
+            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``, and
+            ``free_frac``, the share of response tokens where more than one token was
+            allowed (1 without constrained decoding).
         """
         cfg = self.config
         temp = cfg.temperature if temperature is None else temperature
@@ -448,6 +463,11 @@ class Learner:
                 loss = loss + cfg.kl_coef * kl
                 stats["kl"] += kl.item()
             loss.backward()
+            free = batch.mask
+            if batch.allowed_index is not None:
+                forced = (batch.allowed_index >= 0).sum(-1) == 1  # (B, R)
+                free = free * (~forced).to(free.dtype)
+            stats["free_frac"] += float(free.sum()) / total
             stats["loss"] += loss.item()
             stats["pg_loss"] += pg_loss.item()
             stats["entropy"] += entropy.item()
@@ -470,15 +490,16 @@ class Learner:
             ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm``
             (mean pre-clip norm over optimizer steps), ``steps``, ``skipped_steps``
             (non-finite gradients), ``tokens`` (response tokens trained on),
-            ``tokens_per_s`` (prompt and response tokens through the learner per second)
-            and ``entropy_coef`` (the entropy bonus's weight during this update).
+            ``tokens_per_s`` (prompt and response tokens through the learner per second),
+            ``entropy_free`` (the mean entropy of the positions where more than one token
+            was allowed; equal to ``entropy`` without constrained decoding) and
+            ``entropy_coef`` (the entropy bonus's weight during this update).
         """
         cfg = self.config
         items = self._prepare_samples(samples)
         keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
-        result: dict[str, float] = dict.fromkeys(
-            (*keys, "grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s"), 0.0
-        )
+        counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s")
+        result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
         result["entropy_coef"] = self.entropy_coef
         if not items:
             logger.warning("Learner.update got no samples with response tokens; nothing to do")
@@ -511,17 +532,23 @@ class Learner:
                     result["skipped_steps"] += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
-                for name in keys:
+                for name in (*keys, "free_frac"):
                     weighted[name] += stats[name] * n_tokens
                 trained_tokens += n_tokens
                 seen_tokens += sum(s.length for s in mini)
         elapsed = max(time.perf_counter() - start, 1e-9)
         for name in keys:
             result[name] = weighted[name] / trained_tokens
+        # Forced positions have entropy 0, so the free positions' mean is the token sum
+        # over the free count.
+        free = weighted["free_frac"]
+        result["entropy_free"] = weighted["entropy"] / free if free > 0 else 0.0
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
         result["tokens"] = float(trained_tokens)
         result["tokens_per_s"] = seen_tokens / elapsed
-        self._adapt_entropy_coef(result["entropy"])
+        self._adapt_entropy_coef(
+            result["entropy_free" if cfg.entropy_target_positions == "free" else "entropy"]
+        )
         return result
 
     def _adapt_entropy_coef(self, entropy: float) -> None:

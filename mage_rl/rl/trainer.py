@@ -264,6 +264,7 @@ class Trainer:
             "pg_loss",
             "kl",
             "entropy",
+            "entropy_free",
             "entropy_coef",
             "clip_frac",
             "approx_kl",
