@@ -426,7 +426,7 @@ def bench_adaptation(
                 pretrain_seconds = (
                     doc["setup"]["pretrain"][str(seed)]["seconds"] if start_model else 0.0
                 )
-                rl_seconds = _rl_seconds(max_seconds, pretrain_seconds, minutes)
+                rl_seconds = _rl_seconds(max_seconds, pretrain_seconds)
                 budget = f"{iterations} iterations" + (f" or {minutes:g} min" if minutes else "")
                 if start_model and minutes:
                     budget += f" ({pretrain_seconds:.0f}s of them pretraining)"
@@ -464,17 +464,16 @@ def bench_adaptation(
     return doc
 
 
-def _rl_seconds(
-    budget_seconds: float | None, pretrain_seconds: float, minutes: float | None
-) -> float | None:
+def _rl_seconds(budget_seconds: float | None, pretrain_seconds: float) -> float | None:
     """What a time budget leaves for RL once pretraining has taken its part."""
     if budget_seconds is None:
         return None
     left = budget_seconds - pretrain_seconds
     if left <= 0:
         raise ValueError(
-            f"pretraining took {pretrain_seconds:.0f}s, the whole --minutes {minutes:g} "
-            "budget; give more minutes or pretrain less (fewer batches or epochs)"
+            f"pretraining took {pretrain_seconds:.0f}s, the whole --minutes "
+            f"{budget_seconds / 60:g} budget; give more minutes or pretrain less (fewer "
+            "batches or epochs)"
         )
     return left
 

@@ -241,11 +241,7 @@ def _force_prefix(request: DecodeRequest, tokenizer: PreTrainedTokenizerBase) ->
     """
     if request.candidates is None or request.cancelled():
         return request.cancelled()
-    while len(allowed := allowed_next(request.candidates, request.response_ids)) == 1:
-        token = allowed[0]
-        request.response_ids.append(token)
-        request.logprobs.append(0.0)
-        request.allowed.append([token])
+    for token in _take_forced(request):
         if request.on_token is not None:
             request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
     if not is_complete(request.candidates, request.response_ids):
@@ -257,17 +253,28 @@ def _force_prefix(request: DecodeRequest, tokenizer: PreTrainedTokenizerBase) ->
 def _complete_forced(request: DecodeRequest) -> None:
     """Once one choice is left, append its remaining tokens without forward passes.
 
-    Each such token is the only allowed one, so its restricted log-prob is exactly 0.
+    Only then: a token appended in the middle of decoding would be missing from the KV
+    cache, while a finished request needs no further forward pass.
     """
     assert request.candidates is not None
     prefix = request.response_ids
-    left = [c for c in request.candidates if list(c[: len(prefix)]) == prefix]
-    if len(left) != 1:
-        return
-    for token in left[0][len(prefix) :]:
-        request.response_ids.append(int(token))
+    if sum(list(c[: len(prefix)]) == prefix for c in request.candidates) == 1:
+        _take_forced(request)
+
+
+def _take_forced(request: DecodeRequest) -> list[int]:
+    """Append tokens while only one is allowed next; return them.
+
+    Each such token is the only allowed one, so its restricted log-prob is exactly 0.
+    """
+    assert request.candidates is not None
+    taken = []
+    while len(allowed := allowed_next(request.candidates, request.response_ids)) == 1:
+        request.response_ids.append(allowed[0])
         request.logprobs.append(0.0)
-        request.allowed.append([int(token)])
+        request.allowed.append([allowed[0]])
+        taken.append(allowed[0])
+    return taken
 
 
 def _advance(
