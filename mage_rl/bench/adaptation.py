@@ -75,18 +75,25 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("mage", "MAGE: differential reward, stationary groups, global anchors"),
+        # returns.reward_to_go drops the previous episode's reward from the differential
+        # reward; the other modes have no such term, so a `--set returns.reward_to_go=true`
+        # meant for the MAGE methods is switched off for them.
         Method(
             "gigpo_single",
             "GiGPO on single hands (K=1, no history in training)",
-            {"returns.mode": "single_episode"},
+            {"returns.mode": "single_episode", "returns.reward_to_go": False},
             single_episode_training=True,
         ),
         Method(
             "single_episode_reward",
             "meta-episodes, per-episode reward, no cross-episode credit",
-            {"returns.mode": "single_episode"},
+            {"returns.mode": "single_episode", "returns.reward_to_go": False},
         ),
-        Method("cumulative", "LaMer-style cumulative reward", {"returns.mode": "cumulative"}),
+        Method(
+            "cumulative",
+            "LaMer-style cumulative reward",
+            {"returns.mode": "cumulative", "returns.reward_to_go": False},
+        ),
         Method(
             "mage_mixed_groups",
             "MAGE with groups spanning opponents",

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, _pretrained_model, bench_adaptation
+from mage_rl.bench.adaptation import (
+    DEFAULT_CONFIG,
+    METHODS,
+    _pretrained_model,
+    bench_adaptation,
+    method_config,
+)
 from mage_rl.bench.adaptation_results import format_table
 from mage_rl.rl.pretrain import SUMMARY_FILE, PretrainSettings
 
@@ -53,6 +59,19 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
         log=lines.append,
     )
     assert any("kept" in line for line in lines)
+
+
+def test_reward_to_go_applies_to_the_differential_methods_only() -> None:
+    # One command line for every method: the methods whose reward has no previous-episode
+    # term train without it instead of failing the config check.
+    extra = ["returns.reward_to_go=true", "learner.lr=2e-3"]
+    for name, method in METHODS.items():
+        train_cfg, eval_cfg = method_config(DEFAULT_CONFIG, method, "first", 0, 5, extra)
+        differential = train_cfg.returns.mode == "differential"
+        assert train_cfg.returns.reward_to_go is differential, name
+        assert eval_cfg.returns.reward_to_go is differential, name
+        assert train_cfg.learner.lr == 2e-3, name
+    assert not method_config(DEFAULT_CONFIG, METHODS["mage"], "first", 0, 5, [])[0].returns.reward_to_go
 
 
 def test_unknown_method_is_named() -> None:
