@@ -71,7 +71,8 @@ def test_reward_to_go_applies_to_the_differential_methods_only() -> None:
         assert train_cfg.returns.reward_to_go is differential, name
         assert eval_cfg.returns.reward_to_go is differential, name
         assert train_cfg.learner.lr == 2e-3, name
-    assert not method_config(DEFAULT_CONFIG, METHODS["mage"], "first", 0, 5, [])[0].returns.reward_to_go
+    plain, _ = method_config(DEFAULT_CONFIG, METHODS["mage"], "first", 0, 5, [])
+    assert not plain.returns.reward_to_go
 
 
 def test_unknown_method_is_named() -> None:
