@@ -75,25 +75,18 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("mage", "MAGE: differential reward, stationary groups, global anchors"),
-        # returns.reward_to_go drops the previous episode's reward from the differential
-        # reward; the other modes have no such term, so a `--set returns.reward_to_go=true`
-        # meant for the MAGE methods is switched off for them.
         Method(
             "gigpo_single",
             "GiGPO on single hands (K=1, no history in training)",
-            {"returns.mode": "single_episode", "returns.reward_to_go": False},
+            {"returns.mode": "single_episode"},
             single_episode_training=True,
         ),
         Method(
             "single_episode_reward",
             "meta-episodes, per-episode reward, no cross-episode credit",
-            {"returns.mode": "single_episode", "returns.reward_to_go": False},
+            {"returns.mode": "single_episode"},
         ),
-        Method(
-            "cumulative",
-            "LaMer-style cumulative reward",
-            {"returns.mode": "cumulative", "returns.reward_to_go": False},
-        ),
+        Method("cumulative", "LaMer-style cumulative reward", {"returns.mode": "cumulative"}),
         Method(
             "mage_mixed_groups",
             "MAGE with groups spanning opponents",
@@ -199,9 +192,13 @@ def method_config(
     base: str | Path, method: Method, seat: str, seed: int, iterations: int, extra: Sequence[str]
 ) -> tuple[TrainConfig, TrainConfig]:
     """The training config and the K-episode evaluation config of one run."""
-    overrides = [
-        f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in method.overrides.items()
-    ]
+    chosen = dict(method.overrides)
+    if chosen.get("returns.mode", "differential") != "differential":
+        # reward_to_go drops the previous episode's reward from the differential reward;
+        # the other modes have no such term, so a `--set returns.reward_to_go=true` meant
+        # for the MAGE methods is switched off for them.
+        chosen["returns.reward_to_go"] = False
+    overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in chosen.items()]
     common = [f"env.seat={seat}", f"rollout.seed={seed}", f"learner.seed={seed}", *extra]
     eval_cfg = load_config(base, [*common, *overrides], cls=TrainConfig)
     train_overrides = [*common, *overrides, f"train.iterations={iterations}"]
