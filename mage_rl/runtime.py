@@ -14,7 +14,7 @@ from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population
 from mage_rl.envs.base import derive_seed
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
 
 

@@ -46,7 +46,7 @@ from mage_rl.bench.adaptation_results import (
 )
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.rl.pretrain import PretrainSettings
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from mage_rl.config import TrainConfig, load_config
 
 if TYPE_CHECKING:
-    from mage_rl.rl.records import MetaEpisodeRecord
+    from mage_rl.records import MetaEpisodeRecord
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
 ANSWERS = ("PASS", "BET")

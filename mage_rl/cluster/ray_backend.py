@@ -34,7 +34,7 @@ from typing import Any
 
 from mage_rl.cluster.deps import require
 from mage_rl.config import TrainConfig
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 from mage_rl.rl.trainer import Trainer
 

@@ -3,7 +3,8 @@
 ``make_env("kuhn_poker", "kuhn:aggressive", seat=0)`` builds an environment; opponents
 are named by spec strings (see :mod:`mage_rl.envs.opponents`). The single-agent
 Sokoban takes a room variant where the games take an opponent:
-``make_env("sokoban", "sokoban:boxes:2")``.
+``make_env("sokoban", "sokoban:boxes:2")``. Environments, opponents and population
+presets live in registries (:mod:`mage_rl.envs.registry`) that user code adds to.
 """
 
 from __future__ import annotations
@@ -17,66 +18,51 @@ from mage_rl.envs.base import (
     episode_seed,
     resolve_seat,
 )
+from mage_rl.envs.builtins import register_builtins
 from mage_rl.envs.openspiel_env import GameRules, OpenSpielEnv
 from mage_rl.envs.opponents import (
     POPULATION_PRESETS,
     Opponent,
     Population,
     available_opponents,
-    canonical_game,
     canonical_spec,
     make_opponent,
     register_opponent,
     register_opponent_factory,
+    register_population,
+)
+from mage_rl.envs.registry import (
+    ENVS,
+    EnvSpec,
+    LiveNames,
+    canonical_game,
+    env_names,
+    env_spec,
+    make_env,
+    register_env,
 )
 
 
 def game_rules(game: str) -> GameRules:
-    """The rules object of a game name or alias (``kuhn``, ``ttt``...)."""
-    from mage_rl.envs.kuhn import KuhnRules
-    from mage_rl.envs.tictactoe import TicTacToeRules
-
-    rules = {"kuhn_poker": KuhnRules, "tic_tac_toe": TicTacToeRules}
-    name = canonical_game(game)
-    if name not in rules:
-        raise ValueError(f"no text environment for {game!r}; valid: {', '.join(rules)}")
-    return rules[name]()
+    """The rules object of an OpenSpiel environment name or alias (``kuhn``, ``ttt``...)."""
+    spec = env_spec(game)
+    if spec.rules is None:
+        games = [n for n in env_names() if env_spec(n).rules is not None]
+        raise ValueError(f"{spec.name} is not an OpenSpiel game; games: {', '.join(games)}")
+    return spec.rules
 
 
-ENV_NAMES = ("kuhn_poker", "tic_tac_toe", "sokoban")
-SINGLE_AGENT_ENVS = ("sokoban",)
+ENV_NAMES = LiveNames()
+"""Registered environment names (a live view: plugins add to it)."""
+SINGLE_AGENT_ENVS = LiveNames(single_agent_only=True)
 """Environments with one seat (0); their "opponent" spec names a task variant."""
 
-
-def make_env(
-    game: str,
-    opponent: str | Opponent,
-    seat: int = 0,
-    max_turns: int | None = None,
-) -> TextEnv:
-    """Build a text environment against one opponent (or of one task variant).
-
-    Args:
-        game: ``kuhn_poker``/``kuhn``, ``tic_tac_toe``/``ttt`` or ``sokoban``.
-        opponent: An opponent spec string or an :class:`Opponent`; for Sokoban a room
-            variant such as ``sokoban:boxes:2``.
-        seat: The agent's seat (0 = first to act; Sokoban has only seat 0).
-        max_turns: Agent turns per episode (game default when ``None``).
-    """
-    if canonical_game(game) == "sokoban":
-        from mage_rl.envs.sokoban import make_sokoban_env
-
-        return make_sokoban_env(opponent, seat=seat, max_turns=max_turns)
-    rules = game_rules(game)
-    if isinstance(opponent, str):
-        if canonical_game(opponent.split(":")[0]) != rules.game_name:
-            raise ValueError(f"opponent {opponent!r} does not play {rules.game_name}")
-        opponent = make_opponent(opponent)
-    return OpenSpielEnv(rules, opponent, seat=seat, max_turns=max_turns)
-
+register_builtins()
 
 __all__ = [
+    "ENVS",
     "ENV_NAMES",
+    "EnvSpec",
     "POPULATION_PRESETS",
     "PROTOCOLS",
     "SINGLE_AGENT_ENVS",
@@ -91,11 +77,15 @@ __all__ = [
     "canonical_game",
     "canonical_spec",
     "derive_seed",
+    "env_names",
+    "env_spec",
     "episode_seed",
     "game_rules",
     "make_env",
     "make_opponent",
     "register_opponent",
+    "register_env",
     "register_opponent_factory",
+    "register_population",
     "resolve_seat",
 ]

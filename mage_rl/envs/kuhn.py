@@ -238,6 +238,8 @@ def _cfr_factory(args: Sequence[str]) -> Opponent:
     return CFROpponent(int(args[0]) if args else CFR_ITERATIONS)
 
 
-for _name in _ARCHETYPES:
-    register_opponent_factory("kuhn_poker", _name, _rule_factory(_name), f"kuhn_poker:{_name}")
-register_opponent_factory("kuhn_poker", "cfr", _cfr_factory, "kuhn_poker:cfr[:ITERATIONS]")
+def register_opponents() -> None:
+    """Register the Kuhn Poker opponents (SPEC §7); called by :mod:`mage_rl.envs.builtins`."""
+    for name in _ARCHETYPES:
+        register_opponent_factory("kuhn_poker", name, _rule_factory(name), f"kuhn_poker:{name}")
+    register_opponent_factory("kuhn_poker", "cfr", _cfr_factory, "kuhn_poker:cfr[:ITERATIONS]")

@@ -28,25 +28,8 @@ from typing import Any
 
 import numpy as np
 
-GAME_ALIASES: dict[str, str] = {
-    "kuhn": "kuhn_poker",
-    "kuhn_poker": "kuhn_poker",
-    "ttt": "tic_tac_toe",
-    "tic_tac_toe": "tic_tac_toe",
-    "tictactoe": "tic_tac_toe",
-    # Single-agent: its "opponent" specs name room variants (see mage_rl.envs.sokoban).
-    "sokoban": "sokoban",
-}
-
-
-def canonical_game(name: str) -> str:
-    """Map a game alias (``kuhn``, ``ttt``) to its OpenSpiel name."""
-    try:
-        return GAME_ALIASES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown game {name!r}; valid: {', '.join(sorted(GAME_ALIASES))}"
-        ) from None
+from mage_rl.envs.registry import ENVS, canonical_game
+from mage_rl.registry import PLUGIN_HINT
 
 
 class Opponent(ABC):
@@ -105,8 +88,13 @@ def register_opponent_factory(
         name: Opponent name (the part after ``game:``).
         factory: Called with the remaining spec parts (``["100"]`` for ``ttt:mcts:100``).
         usage: How the spec is written, for error messages (defaults to ``game:name``).
+    Raises:
+        ValueError: The game is not a registered environment (register it first with
+            :func:`~mage_rl.envs.register_env`), or the name holds a ``:``.
     """
     game = canonical_game(game)
+    if not name or any(c in name for c in ":=, "):
+        raise ValueError(f"opponent name {name!r} must be non-empty without ':', '=', ',' or space")
     _REGISTRY.setdefault(game, {})[name] = (factory, usage or f"{game}:{name}")
 
 
@@ -127,7 +115,6 @@ def register_opponent(game: str, name: str, fn: Callable[..., int]) -> None:
 
 def available_opponents(game: str | None = None) -> list[str]:
     """Usage strings of every registered opponent (of one game, or of all)."""
-    _ensure_builtins()
     games = [canonical_game(game)] if game else sorted(_REGISTRY)
     return sorted(usage for g in games for _, usage in _REGISTRY.get(g, {}).values())
 
@@ -139,7 +126,6 @@ def make_opponent(spec: str) -> Opponent:
         ValueError: The spec names an unknown game or opponent; the message lists the
             valid ones.
     """
-    _ensure_builtins()
     parts = spec.split(":")
     if len(parts) < 2:
         raise ValueError(
@@ -150,8 +136,9 @@ def make_opponent(spec: str) -> Opponent:
     name, args = parts[1], parts[2:]
     entry = _REGISTRY.get(game, {}).get(name)
     if entry is None:
+        valid = ", ".join(available_opponents(game)) or "none registered"
         raise ValueError(
-            f"unknown opponent {spec!r}; valid for {game}: {', '.join(available_opponents(game))}"
+            f"unknown opponent {spec!r}; valid for {game}: {valid}. To use your own, {PLUGIN_HINT}"
         )
     opponent = entry[0](args)
     opponent.spec = canonical_spec(spec)
@@ -162,18 +149,6 @@ def canonical_spec(spec: str) -> str:
     """The spec with the game alias expanded: ``kuhn:cfr`` -> ``kuhn_poker:cfr``."""
     parts = spec.split(":")
     return ":".join([canonical_game(parts[0]), *parts[1:]])
-
-
-_BUILTINS_LOADED = False
-
-
-def _ensure_builtins() -> None:
-    # The game modules register their opponents on import; importing them lazily keeps
-    # this module free of a circular import.
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from mage_rl.envs import kuhn, sokoban, tictactoe  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -228,7 +203,8 @@ class Population:
                 continue
             spec, _, weight = item.partition("=")
             spec = spec.strip()
-            if game and ":" not in spec:
+            # Bare names take the game's prefix: "aggressive" and "mcts:300" alike.
+            if game and spec.split(":")[0] not in ENVS:
                 spec = f"{game}:{spec}"
             members.append((spec, float(weight) if weight else 1.0))
         return cls(tuple(members))
@@ -278,8 +254,35 @@ class _Presets(dict):
     def names(self) -> list[str]:
         return sorted(self._builders)
 
+    def register(self, name: str, population: Population | str | Callable[[], Population]) -> None:
+        """Add a preset: a :class:`Population`, a ``"spec=w,..."`` string, or a builder."""
+        if not name or any(c in name for c in ":=, "):
+            raise ValueError(f"preset name {name!r} must be non-empty without ':', '=', ',' or space")
+        if isinstance(population, Population):
+            self._builders = {**self._builders, name: lambda: population}
+        elif isinstance(population, str):
+            text = population
+            self._builders = {**self._builders, name: lambda: Population.parse(text)}
+        else:
+            self._builders = {**self._builders, name: population}
+        self.pop(name, None)
+
 
 POPULATION_PRESETS = _Presets()
 """The training and evaluation populations of SPEC §7, by name: ``kuhn_train``,
 ``kuhn_unseen``, ``ttt_train``, ``ttt_unseen``, and for Sokoban the room variants
 ``sokoban_train`` (2 boxes) and ``sokoban_unseen`` (1 and 3 boxes)."""
+
+
+def register_population(
+    name: str, population: Population | str | Callable[[], Population]
+) -> None:
+    """Register a population preset, usable as ``env.population: NAME`` and ``--opponents``.
+
+    Args:
+        name: Preset name.
+        population: A :class:`Population`, a string such as
+            ``"kuhn:always_bet=0.5,kuhn:aggressive=0.5"``, or a function that builds one
+            (validated on first use, so it may name opponents registered later).
+    """
+    POPULATION_PRESETS.register(name, population)

@@ -26,11 +26,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mage_rl.envs.base import WIN_REWARD, StepInfo, StepResult, TextEnv, derive_seed
+from mage_rl.envs.base import (
+    WIN_REWARD,
+    StepInfo,
+    StepResult,
+    TaskText,
+    TextEnv,
+    Wording,
+    derive_seed,
+)
 from mage_rl.envs.opponents import Opponent, make_opponent, register_opponent_factory
 from mage_rl.envs.parsing import extract_action
 from mage_rl.envs.sokoban_room import MOVES, Cell, Room, generate_room
-from mage_rl.nodes.prompts import TaskText, Wording
 
 NAME = "sokoban"
 BOX_COUNTS = (1, 2, 3)
@@ -151,7 +158,9 @@ def _boxes_factory(args: Sequence[str]) -> Opponent:
     return SokobanVariant(int(args[0]))
 
 
-register_opponent_factory(NAME, "boxes", _boxes_factory, "sokoban:boxes:{1|2|3}")
+def register_opponents() -> None:
+    """Register the Sokoban room variants; called by :mod:`mage_rl.envs.builtins`."""
+    register_opponent_factory(NAME, "boxes", _boxes_factory, "sokoban:boxes:{1|2|3}")
 
 
 class SokobanEnv(TextEnv):

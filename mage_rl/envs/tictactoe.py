@@ -169,11 +169,13 @@ def _mcts_factory(args: Sequence[str]) -> Opponent:
     return MCTSOpponent(int(args[0]))
 
 
-register_opponent_factory("tic_tac_toe", "random", _random_factory, "tic_tac_toe:random")
-register_opponent_factory(
-    "tic_tac_toe",
-    "pattern",
-    _pattern_factory,
-    "tic_tac_toe:pattern:{" + "|".join(PATTERNS) + "}",
-)
-register_opponent_factory("tic_tac_toe", "mcts", _mcts_factory, "tic_tac_toe:mcts:N")
+def register_opponents() -> None:
+    """Register the Tic-Tac-Toe opponents (SPEC §7); called by :mod:`mage_rl.envs.builtins`."""
+    register_opponent_factory("tic_tac_toe", "random", _random_factory, "tic_tac_toe:random")
+    register_opponent_factory(
+        "tic_tac_toe",
+        "pattern",
+        _pattern_factory,
+        "tic_tac_toe:pattern:{" + "|".join(PATTERNS) + "}",
+    )
+    register_opponent_factory("tic_tac_toe", "mcts", _mcts_factory, "tic_tac_toe:mcts:N")

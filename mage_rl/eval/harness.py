@@ -46,7 +46,7 @@ from mage_rl.envs import (
 )
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
 from mage_rl.policy.chat_model import SeededChatModel
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, record_from_state, sample_tasks
 
 log = logging.getLogger(__name__)

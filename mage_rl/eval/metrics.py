@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 
 
 def success_at_k(outcomes: Sequence[Sequence[str]], k_max: int) -> list[float]:

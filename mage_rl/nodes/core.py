@@ -23,7 +23,7 @@ from mage_rl.nodes.prompts import (
     play_messages,
     reflect_messages,
 )
-from mage_rl.rl.records import EpisodeResult, Turn
+from mage_rl.records import EpisodeResult, Turn
 
 REFLECTION_ANCHOR = "reflection"
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mage_rl.envs.base import wording_of
+
 Message = dict[str, str]
 
 STYLE_DIRECT = (
@@ -21,46 +23,6 @@ STYLE_REACT = (
     "First write one line that starts with 'Thought:' and reasons about the state, then "
     "give your answer inside the tags."
 )
-SAME_OPPONENT = (
-    "You play several episodes in a row against the same opponent, whose strategy does "
-    "not change. Use what earlier episodes show to win the later ones."
-)
-
-
-@dataclass(frozen=True)
-class Wording:
-    """How the prompts name what stays the same across the episodes of a meta-episode.
-
-    The defaults speak of an opponent (the two-player games); a single-agent task
-    words it its own way by returning a :class:`TaskText` as its task description.
-
-    Attributes:
-        same_task: Added to the system text when several episodes are played.
-        setting: Completes "Earlier episodes ..." and "Episode k of K ... is over".
-        reflect_focus: Completes "Diagnose what happened and ...".
-    """
-
-    same_task: str = SAME_OPPONENT
-    setting: str = "against this opponent"
-    reflect_focus: str = "what it reveals about the opponent's strategy"
-
-
-class TaskText(str):
-    """A task description (a plain string everywhere) that carries its own :class:`Wording`."""
-
-    wording: Wording
-
-    def __new__(cls, text: str, wording: Wording) -> TaskText:
-        obj = super().__new__(cls, text)
-        obj.wording = wording
-        return obj
-
-
-def wording_of(task_description: str) -> Wording:
-    """The wording a task description asks for (the opponent wording by default)."""
-    return getattr(task_description, "wording", None) or Wording()
-
-
 @dataclass
 class PastEpisode:
     """What the history context shows of a finished episode."""

@@ -21,7 +21,9 @@ Algorithm (``estimator="gigpo"``), for a batch of meta-episode records:
 4. Step level. Inside a group, samples with the same anchor key form an anchor group:
    ``A_S = G - mean(G over the anchor group)`` (same norm); an anchor group of one gets
    0. The key is the observation text plus the opponent id (``"reflection"`` plus the
-   opponent id for reflect turns); ``anchor="local"`` adds the episode index.
+   opponent id for reflect turns) plus the name of the node that made the call, so
+   calls of different nodes never share a group (SPEC §4); ``anchor="local"`` adds the
+   episode index.
 5. ``A = A_E + omega * A_S``, one scalar per turn, spread over its response tokens.
 
 ``estimator="grpo"`` ignores steps: each record's final-episode reward is normalized
@@ -33,8 +35,6 @@ processes and runs (never random ids).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import REFLECTION_ANCHOR, MetaEpisodeRecord, anchor_id, group_id
 from mage_rl.rl.returns import ReturnConfig, compute_sample_targets
 
 Estimator = Literal["gigpo", "grpo"]
@@ -58,8 +58,6 @@ GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
 
 logger = logging.getLogger(__name__)
 
-REFLECTION_ANCHOR = "reflection"
-ID_LENGTH = 16  # hex digits of sha1 kept: 64 bits, collisions negligible at batch scale
 
 
 @dataclass(frozen=True)
@@ -111,49 +109,6 @@ class AdvantageConfig:
             raise ValueError(f"AdvantageConfig.omega must be >= 0, got {self.omega}")
         if self.eps <= 0:
             raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps}")
-
-
-# ---------------------------------------------------------------------------------------
-# Deterministic ids
-# ---------------------------------------------------------------------------------------
-
-
-def _digest(kind: str, *parts: object) -> str:
-    # JSON keeps the parts apart unambiguously ("a|b", "c" vs "a", "b|c") and maps None to
-    # null, so a missing opponent or episode never collides with a string "None".
-    payload = json.dumps([kind, *parts], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:ID_LENGTH]
-
-
-def group_id(env: str, seed: int, opponent: str | None, seat: int) -> str:
-    """Deterministic group (uid) id of a task instance.
-
-    Args:
-        env: Environment name.
-        seed: Task seed (fixes every deal or board of the meta-episode).
-        opponent: Opponent id; ``None`` for ``mixed`` grouping, where a group spans
-            opponents.
-        seat: Agent seat.
-
-    Returns:
-        A 16-digit sha1 hex string.
-    """
-    return _digest("group", env, int(seed), opponent, int(seat))
-
-
-def anchor_id(group: str, text: str, opponent: str | None, episode: int | None) -> str:
-    """Deterministic anchor-group id of a turn (GiGPO anchor state, SPEC §5).
-
-    Args:
-        group: Id of the group the turn belongs to (anchor groups never cross groups).
-        text: Observation text the turn acted on, or ``"reflection"``.
-        opponent: Opponent id; ``None`` under ``mixed`` grouping.
-        episode: Episode index under a ``local`` anchor, ``None`` under a ``global`` one.
-
-    Returns:
-        A 16-digit sha1 hex string.
-    """
-    return _digest("anchor", group, text, opponent, None if episode is None else int(episode))
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,7 +287,7 @@ def record_anchor_ids(record: MetaEpisodeRecord, group: str, cfg: AdvantageConfi
         text = REFLECTION_ANCHOR if turn.kind == "reflect" else turn.anchor
         opponent = None if cfg.grouping == "mixed" else (turn.opponent or record.opponent)
         episode = turn.episode if cfg.anchor == "local" else None
-        ids.append(anchor_id(group, text, opponent, episode))
+        ids.append(anchor_id(group, text, opponent, episode, turn.node))
     return ids
 
 

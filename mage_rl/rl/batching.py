@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from mage_rl.policy.constrained import allowed_index
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 
 
 @dataclass(frozen=True)

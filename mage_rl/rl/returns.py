@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from mage_rl.rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord
 
 RewardMode = Literal["differential", "cumulative", "single_episode"]
 REWARD_MODES: tuple[str, ...] = ("differential", "cumulative", "single_episode")

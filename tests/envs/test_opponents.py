@@ -19,7 +19,7 @@ from mage_rl.envs import (
 def test_unknown_opponent_lists_valid_ones() -> None:
     with pytest.raises(ValueError, match="kuhn_poker:aggressive"):
         make_opponent("kuhn:sneaky")
-    with pytest.raises(ValueError, match="unknown game"):
+    with pytest.raises(ValueError, match="unknown environment .chess."):
         make_opponent("chess:stockfish")
     with pytest.raises(ValueError, match="ttt:mcts:N"):
         make_opponent("ttt:mcts:many")

@@ -276,7 +276,7 @@ def test_variants_presets_and_registration() -> None:
         make_opponent("sokoban:boxes:5")
     with pytest.raises(ValueError, match="single-agent"):
         make_env("sokoban", "sokoban:boxes:2", seat=1)
-    with pytest.raises(ValueError, match="not a Sokoban variant"):
+    with pytest.raises(ValueError, match="does not play sokoban"):
         make_env("sokoban", "kuhn:aggressive")
 
 

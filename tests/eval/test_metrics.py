@@ -22,7 +22,7 @@ from mage_rl.eval.stats import (
     t_quantile,
     wilson_interval,
 )
-from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
+from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 
 # Four meta-episodes played with stop_on_success and K = 3: a win ends the meta-episode.
 OUTCOMES = [

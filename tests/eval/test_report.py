@@ -18,7 +18,7 @@ from mage_rl.eval.harness import (
     records_path,
 )
 from mage_rl.eval.report import collect_run, fmt_mean, fmt_rate, render_markdown, write_report
-from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
+from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 
 
 def mage(argv: list[str]) -> int:

@@ -20,7 +20,7 @@ from mage_rl.rl.advantages import (
     grpo_advantages,
     step_level_advantages,
 )
-from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
+from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 from mage_rl.rl.returns import ReturnConfig
 
 ENV, SEED, SEAT = "kuhn_poker", 7, 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mage_rl.rl.records import EpisodeResult, MetaEpisodeRecord, Turn
+from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 from mage_rl.rl.returns import (
     ReturnConfig,
     compute_sample_targets,

@@ -1,18 +1,84 @@
-"""Records produced by rollouts and consumed by returns, advantages and the learner.
+"""The data contract of the package: what rollouts produce and everything else reads.
 
 A :class:`Turn` is one LLM call (one training sample). A :class:`MetaEpisodeRecord` is
 one meta-episode: K episodes against the same opponent, with every turn in time order.
 Both are plain dataclasses of lists and scalars so that they serialize to JSON lines and
 travel through LangGraph state without tensors.
+
+The deterministic group and anchor ids (SPEC §5) live here too, beside the records they
+key: nodes, evaluation, the learner and the cluster backends all read them, and this
+module imports nothing of the package.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-TurnKind = Literal["play", "reflect"]
+TurnKind = Literal["play", "reflect", "call"]
+TURN_KINDS: tuple[str, ...] = ("play", "reflect", "call")
+"""``play``: the acting call of a step (its response is what the environment consumes).
+``reflect``: a call between two episodes (a reflection). ``call``: any other, non-acting
+call made during an episode's step (a plan, a critique, a tool call); SPEC §4."""
+
+REFLECTION_ANCHOR = "reflection"
+"""Anchor text of every reflect turn (SPEC §5: ``"reflection"`` plus the opponent id)."""
+
+ID_LENGTH = 16
+
+
+def _digest(kind: str, *parts: object) -> str:
+    # JSON keeps the parts apart unambiguously ("a|b", "c" vs "a", "b|c") and maps None to
+    # null, so a missing opponent or episode never collides with a string "None".
+    payload = json.dumps([kind, *parts], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+def group_id(env: str, seed: int, opponent: str | None, seat: int) -> str:
+    """Deterministic group (uid) id of a task instance.
+
+    Args:
+        env: Environment name.
+        seed: Task seed (fixes every deal or board of the meta-episode).
+        opponent: Opponent id; ``None`` for ``mixed`` grouping, where a group spans
+            opponents.
+        seat: Agent seat.
+
+    Returns:
+        A 16-digit sha1 hex string.
+    """
+    return _digest("group", env, int(seed), opponent, int(seat))
+
+
+def anchor_id(
+    group: str, text: str, opponent: str | None, episode: int | None, node: str = ""
+) -> str:
+    """Deterministic anchor-group id of a turn (GiGPO anchor state, SPEC §4-5).
+
+    Args:
+        group: Id of the group the turn belongs to (anchor groups never cross groups).
+        text: Observation text the turn acted on, or ``"reflection"``.
+        opponent: Opponent id; ``None`` under ``mixed`` grouping.
+        episode: Episode index under a ``local`` anchor, ``None`` under a ``global`` one.
+        node: Name of the graph node that made the call, so that calls of different
+            nodes on the same observation never share an anchor group (SPEC §4).
+
+    Returns:
+        A 16-digit sha1 hex string.
+    """
+    episode = None if episode is None else int(episode)
+    return _digest("anchor", group, text, opponent, episode, node)
+
+
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values shared rather than deep-copied.
+
+    ``dataclasses.asdict`` copies every token list of a turn on every graph step; the
+    values here are fresh lists made for one turn, so sharing them is safe and cheap.
+    """
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 @dataclass
@@ -20,17 +86,21 @@ class Turn:
     """One LLM call inside a meta-episode.
 
     Attributes:
-        kind: ``"play"`` chooses an action; ``"reflect"`` writes a reflection between
-            episodes.
+        kind: ``"play"``: the acting call of a step (the environment consumes its
+            response); ``"reflect"``: a call between episodes; ``"call"``: any other
+            call of a step (see :data:`TURN_KINDS`).
         episode: Index k of the episode this turn belongs to (a reflect turn belongs to
             the episode it prepares, so its index is >= 1).
-        step: Index of the turn inside its episode (0 for a reflect turn).
+        step: Index of the environment step inside its episode that the call belongs to
+            (0 for a reflect turn).
         prompt_ids: Token ids of the prompt (empty when the policy gives none).
         response_ids: Token ids of the response.
         logprobs: Sampling log-probs of ``response_ids``.
         text: The response text.
         anchor: The observation text the turn acted on (GiGPO anchor state); a reflect
             turn's anchor is ``"reflection"``.
+        node: Name of the graph node that made the call (``play``, ``reflect``, or a
+            user's node); part of the anchor key.
         opponent: Opponent id of the meta-episode.
         invalid: Whether the response held no parsable, legal action (play) or no
             ``<remark>`` tag (reflect).
@@ -43,6 +113,8 @@ class Turn:
         prompt_text: The rendered prompt messages, kept for inspection and tests.
         allowed: With constrained decoding, the allowed token ids of every response
             position (the learner scores the restricted softmax); empty otherwise.
+        trained: Whether the learner trains on this call (a node can opt a call out;
+            it still takes part in credit assignment).
     """
 
     kind: TurnKind
@@ -62,6 +134,13 @@ class Turn:
     reward: float = 0.0
     prompt_text: list[dict[str, str]] = field(default_factory=list)
     allowed: list[list[int]] = field(default_factory=list)
+    node: str = ""
+    trained: bool = True
+
+    @property
+    def acting(self) -> bool:
+        """Whether this is the acting call of its step (SPEC §4)."""
+        return self.kind == "play"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

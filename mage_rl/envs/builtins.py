@@ -1,0 +1,39 @@
+"""The built-in environments and opponents, registered in one place.
+
+Kuhn Poker and Tic-Tac-Toe are OpenSpiel games through the shared adapter; Sokoban is a
+single-agent task whose "opponents" are room variants. Their SPEC §3 constants (penalties)
+come from their rules; the cross-episode discount is 0.6 for the games and 0.9 for
+Sokoban (SPEC §4). Plugins register theirs the same way (:func:`register_env`,
+:func:`~mage_rl.envs.opponents.register_opponent`).
+"""
+
+from __future__ import annotations
+
+from mage_rl.envs import kuhn, sokoban, tictactoe
+from mage_rl.envs.registry import ENVS, register_env
+
+_DONE = False
+
+
+def register_builtins() -> None:
+    """Register the built-in environments and their opponents (once)."""
+    global _DONE
+    if _DONE or "kuhn_poker" in ENVS:
+        _DONE = True
+        return
+    _DONE = True
+    register_env("kuhn_poker", rules=kuhn.KuhnRules(), aliases=("kuhn",), gamma_traj=0.6)
+    register_env(
+        "tic_tac_toe", rules=tictactoe.TicTacToeRules(), aliases=("ttt", "tictactoe"), gamma_traj=0.6
+    )
+    register_env(
+        "sokoban",
+        factory=sokoban.make_sokoban_env,
+        seats=1,
+        invalid_penalty=sokoban.INVALID_PENALTY,
+        length_penalty=sokoban.LENGTH_PENALTY,
+        gamma_traj=0.9,
+    )
+    kuhn.register_opponents()
+    tictactoe.register_opponents()
+    sokoban.register_opponents()

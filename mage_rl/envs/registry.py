@@ -1,0 +1,214 @@
+"""The environment registry: every task ``make_env``, configs and commands can name.
+
+An environment is registered once, under a name and aliases, either as an OpenSpiel
+game plus its :class:`~mage_rl.envs.openspiel_env.GameRules` (the shared adapter does the
+rest) or as a factory of any :class:`~mage_rl.envs.base.TextEnv`. The entry also carries
+the task's SPEC §3 constants (invalid-action and length penalties) and its cross-episode
+discount, which training uses when a config leaves them out::
+
+    from mage_rl.envs import register_env
+
+    register_env("rps", rules=RockPaperScissorsRules(), aliases=("roshambo",))
+    register_env("maze", factory=lambda opponent, seat, max_turns: MazeEnv(opponent),
+                 seats=1, invalid_penalty=0.5, length_penalty=1.0, gamma_traj=0.9)
+
+The built-in games register themselves in :mod:`mage_rl.envs.builtins`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mage_rl.registry import Registry
+
+if TYPE_CHECKING:
+    from mage_rl.envs.base import TextEnv
+    from mage_rl.envs.openspiel_env import GameRules
+    from mage_rl.envs.opponents import Opponent
+
+EnvFactory = Callable[[Any, int, "int | None"], "TextEnv"]
+"""``factory(opponent, seat, max_turns) -> TextEnv``; ``opponent`` is the spec string
+(or an :class:`~mage_rl.envs.opponents.Opponent` built from it), ``max_turns`` ``None``
+for the task's default."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered environment.
+
+    Attributes:
+        name: Canonical name (for OpenSpiel games, the OpenSpiel game name).
+        factory: Builds the environment for one opponent (or task variant) and seat.
+        rules: The game's rules for OpenSpiel games (``None`` for other environments);
+            oracles and the matchup tools need them.
+        seats: Seats the agent may take: 2 for two-player games, 1 for single-agent
+            tasks, whose "opponent" names a task variant.
+        invalid_penalty: ``c_inv`` of SPEC §3, the default of ``returns.invalid_penalty``.
+        length_penalty: ``c_len`` of SPEC §3, the default of ``returns.length_penalty``.
+        gamma_traj: Default discount across episodes (0.6 for the games, 0.9 for
+            Sokoban), the default of ``returns.gamma_traj``.
+    """
+
+    name: str
+    factory: EnvFactory
+    rules: GameRules | None = None
+    seats: int = 2
+    invalid_penalty: float = 0.5
+    length_penalty: float = 2.0
+    gamma_traj: float = 0.6
+
+    @property
+    def single_agent(self) -> bool:
+        return self.seats == 1
+
+
+ENVS: Registry[EnvSpec] = Registry("environment")
+
+
+def register_env(
+    name: str,
+    factory: EnvFactory | None = None,
+    *,
+    rules: GameRules | None = None,
+    aliases: tuple[str, ...] = (),
+    seats: int | None = None,
+    invalid_penalty: float | None = None,
+    length_penalty: float | None = None,
+    gamma_traj: float = 0.6,
+    replace: bool = False,
+) -> EnvSpec:
+    """Register an environment under ``name`` (and ``aliases``).
+
+    Give exactly one of ``factory`` (any :class:`TextEnv`) and ``rules`` (an OpenSpiel
+    game through the shared adapter; opponents are then registered for ``name`` with
+    :func:`~mage_rl.envs.opponents.register_opponent`).
+
+    Args:
+        name: The name configs and commands use (``env.name``, ``--env``), and the prefix
+            of the environment's opponent specs (``NAME:OPPONENT``).
+        factory: ``factory(opponent, seat, max_turns) -> TextEnv``.
+        rules: Rules of an OpenSpiel game; the game is ``rules.game_name``.
+        aliases: Other accepted names.
+        seats: 2 for two-player games (default with ``rules``), 1 for single-agent tasks
+            (default with ``factory``).
+        invalid_penalty: ``c_inv``; default ``rules.invalid_penalty``, else 0.5.
+        length_penalty: ``c_len``; default ``rules.length_penalty``, else 2.0.
+        gamma_traj: Default cross-episode discount for this task.
+        replace: Replace an entry registered under the same name.
+
+    Returns:
+        The registered :class:`EnvSpec`.
+
+    Raises:
+        ValueError: Both or neither of ``factory`` and ``rules``, a bad number of seats,
+            or a taken name.
+    """
+    if (factory is None) == (rules is None):
+        raise ValueError(
+            f"register_env({name!r}): give exactly one of factory= (a TextEnv factory) "
+            "and rules= (GameRules of an OpenSpiel game)"
+        )
+    if rules is not None:
+        game_rules = rules
+
+        def build(opponent: Any, seat: int, max_turns: int | None) -> TextEnv:
+            from mage_rl.envs.openspiel_env import OpenSpielEnv
+            from mage_rl.envs.opponents import make_opponent
+
+            if isinstance(opponent, str):
+                opponent = make_opponent(opponent)
+            return OpenSpielEnv(game_rules, opponent, seat=seat, max_turns=max_turns)
+
+        factory = build
+        seats = 2 if seats is None else seats
+        invalid_penalty = rules.invalid_penalty if invalid_penalty is None else invalid_penalty
+        length_penalty = rules.length_penalty if length_penalty is None else length_penalty
+    seats = 1 if seats is None else seats
+    if seats not in (1, 2):
+        raise ValueError(f"register_env({name!r}): seats must be 1 or 2, got {seats}")
+    spec = EnvSpec(
+        name=name,
+        factory=factory,
+        rules=rules,
+        seats=seats,
+        invalid_penalty=0.5 if invalid_penalty is None else float(invalid_penalty),
+        length_penalty=2.0 if length_penalty is None else float(length_penalty),
+        gamma_traj=float(gamma_traj),
+    )
+    if rules is not None and rules.game_name != name and rules.game_name not in aliases:
+        aliases = (*aliases, rules.game_name)
+    return ENVS.register(name, spec, aliases=aliases, replace=replace)
+
+
+def canonical_game(name: str) -> str:
+    """The registered name of an environment name or alias (``kuhn`` -> ``kuhn_poker``).
+
+    Raises:
+        ValueError: Nothing is registered under ``name``; the message lists what is.
+    """
+    return ENVS.canonical(name)
+
+
+def env_spec(name: str) -> EnvSpec:
+    """The :class:`EnvSpec` of an environment name or alias."""
+    return ENVS.get(name)
+
+
+def env_names() -> list[str]:
+    """Registered environment names."""
+    return ENVS.names()
+
+
+def make_env(
+    game: str,
+    opponent: str | Opponent,
+    seat: int = 0,
+    max_turns: int | None = None,
+) -> TextEnv:
+    """Build a text environment against one opponent (or of one task variant).
+
+    Args:
+        game: A registered environment name or alias (``kuhn_poker``/``kuhn``,
+            ``tic_tac_toe``/``ttt``, ``sokoban``, or a plugin's).
+        opponent: An opponent spec string (``GAME:NAME[:ARG]``) or an :class:`Opponent`;
+            for a single-agent task a variant such as ``sokoban:boxes:2``.
+        seat: The agent's seat (0 = first to act; single-agent tasks have only seat 0).
+        max_turns: Agent turns per episode (task default when ``None``).
+
+    Raises:
+        ValueError: An unknown environment, or an opponent of another environment.
+    """
+    spec = env_spec(game)
+    if isinstance(opponent, str):
+        prefix = opponent.split(":")[0]
+        if prefix not in ENVS or canonical_game(prefix) != spec.name:
+            raise ValueError(f"opponent {opponent!r} does not play {spec.name}")
+    return spec.factory(opponent, seat, max_turns)
+
+
+class LiveNames:
+    """A read-only, always current view of registered environment names.
+
+    Lets older code keep ``if name in ENV_NAMES`` and ``", ".join(ENV_NAMES)`` while
+    plugins add environments after import.
+    """
+
+    def __init__(self, single_agent_only: bool = False) -> None:
+        self._single = single_agent_only
+
+    def _names(self) -> list[str]:
+        return [n for n in ENVS.names() if not self._single or ENVS.get(n).single_agent]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in ENVS and name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._names()))
