@@ -76,7 +76,7 @@ def experiences_from_records(
         advantages = compute_advantages(records, ret_cfg, adv_cfg)
     samples = samples_from_records(records, advantages)
     out = []
-    flat_turns = [(r, t) for r in records for t in r.turns]
+    flat_turns = [(r, t) for r in records for t in r.turns if t.trained]
     for sample, (record, turn) in zip(samples, flat_turns, strict=True):
         prompt_len, resp_len = len(sample.prompt_ids), len(sample.response_ids)
         total = prompt_len + resp_len

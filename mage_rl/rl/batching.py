@@ -90,7 +90,11 @@ class Sample:
 def samples_from_records(
     records: Sequence[MetaEpisodeRecord], advantages: Sequence[Sequence[float]]
 ) -> list[Sample]:
-    """Pair every turn with its advantage (from :func:`~mage_rl.rl.advantages.compute_advantages`).
+    """Pair every trained turn with its advantage (from
+    :func:`~mage_rl.rl.advantages.compute_advantages`).
+
+    Turns a node marked ``trained=False`` are credited (they took part in the returns and
+    baselines) but give no sample.
 
     Raises:
         ValueError: If the shapes disagree or a turn carries no token ids or log-probs
@@ -106,6 +110,8 @@ def samples_from_records(
                 f"turns but {len(advs)} advantages"
             )
         for j, (turn, adv) in enumerate(zip(record.turns, advs, strict=True)):
+            if not turn.trained:
+                continue
             if not turn.response_ids or len(turn.logprobs) != len(turn.response_ids):
                 raise ValueError(
                     f"record {record.uid!r} (rollout {record.rollout}) turn {j} has "

@@ -5,9 +5,11 @@ References:
     LaMer (arXiv 2512.16848) for the ``cumulative`` variant.
 
 Every LLM call of a meta-episode is one sample, laid out in time order: the reflect turn
-of episode k (k >= 1) comes first, then the play turns of episode k. For each sample this
-module computes two numbers that the advantage estimators of :mod:`mage_rl.rl.advantages`
-consume:
+of episode k (k >= 1) comes first, then the calls of episode k's steps. Each step has at
+most one *acting* call (kind ``play``: the environment consumed its response); a graph
+may make other, non-acting calls (kind ``call``: a plan, a critique) and reflect turns
+are non-acting too. For each sample this module computes two numbers that the advantage
+estimators of :mod:`mage_rl.rl.advantages` consume:
 
 1. Per-episode signal ``m_k`` from the episode rewards ``R_k``: the differential
    meta-reward ``D_k`` (eq. 5; ``D_0 = R_0``, ``D_k = R_k - R_{k-1}``) in the MAGE mode,
@@ -19,6 +21,13 @@ consume:
 3. Episode-level score ``S``: ``m_k`` (``D_k`` or ``R_k``) for the play turns of episode
    k, 0 for a reflect turn, minus the sample's own penalties (invalid output, length).
    Penalties reduce the score only; the step returns carry task reward alone.
+4. Non-acting ``call`` samples (SPEC §4, "any LLM call of a user's graph is a sample"):
+   the return of the next acting call in time order, undiscounted (or, with none after
+   it, of the last acting call before it), and that acting call's ``m_k`` as the score,
+   minus the call's own penalties. A reflect turn keeps rule 2-3 (the return of its
+   episode's first step, score 0), which is this rule for the call that precedes the
+   episode's first acting call, except for the score: SPEC §4 scores reflect turns 0,
+   and the special case keeps that.
 
 All functions are pure and work on numpy arrays of one meta-episode. Shapes: ``N`` samples,
 ``K`` episodes.
@@ -33,11 +42,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from mage_rl.records import MetaEpisodeRecord
+from mage_rl.records import TURN_KINDS, MetaEpisodeRecord
 
 RewardMode = Literal["differential", "cumulative", "single_episode"]
 REWARD_MODES: tuple[str, ...] = ("differential", "cumulative", "single_episode")
-TURN_KINDS: tuple[str, ...] = ("play", "reflect")
 
 ArrayLike = npt.ArrayLike
 
@@ -212,6 +220,37 @@ def _check_layout(kinds: Sequence[str], episode_idx: ArrayLike, num_episodes: in
     return episodes
 
 
+def credit_sources(kinds: Sequence[str]) -> np.ndarray:
+    """The acting sample each non-acting ``call`` sample takes its credit from (SPEC §4).
+
+    A ``call`` takes the next ``play`` sample in time order; with none after it, the
+    last ``play`` sample before it; with none at all, -1. ``play`` samples point at
+    themselves and ``reflect`` samples get -1 (they follow their own rule).
+
+    Args:
+        kinds: ``"play"``, ``"reflect"`` or ``"call"`` per sample, time order, length ``N``.
+
+    Returns:
+        Source index per sample, shape ``(N,)``, int64.
+    """
+    n = len(kinds)
+    sources = np.full(n, -1, dtype=np.int64)
+    next_play = -1
+    for i in range(n - 1, -1, -1):
+        if kinds[i] == "play":
+            next_play = i
+            sources[i] = i
+        elif kinds[i] == "call":
+            sources[i] = next_play
+    last_play = -1
+    for i in range(n):
+        if kinds[i] == "play":
+            last_play = i
+        elif kinds[i] == "call" and sources[i] < 0:
+            sources[i] = last_play
+    return sources
+
+
 def step_returns(
     kinds: Sequence[str],
     episode_idx: ArrayLike,
@@ -226,7 +265,9 @@ def step_returns(
     ``gamma = gamma_step`` when the next play turn is in the same episode and
     ``gamma_traj`` when it is in the next episode. A reflect turn takes the return of the
     first play turn of its episode (it acts before that turn and changes nothing in the
-    environment), so it adds no discount of its own.
+    environment), so it adds no discount of its own. A non-acting ``call`` takes the
+    return of its :func:`credit_sources` sample, undiscounted (with no acting sample in the
+    meta-episode, the return its episode's reflect turn would take).
 
     An episode without play turns (possible only in truncated records) acts as one
     virtual step that carries its ``m_k``: its return is
@@ -235,7 +276,7 @@ def step_returns(
     every ``m_k`` in the returns, so the ``D_k`` still add up to the last reward.
 
     Args:
-        kinds: ``"play"`` or ``"reflect"`` per sample, time order, length ``N``.
+        kinds: ``"play"``, ``"reflect"`` or ``"call"`` per sample, time order, length ``N``.
         episode_idx: Episode index k per sample, shape ``(N,)``, non-decreasing.
         episode_rewards: Per-episode signal ``m_k`` (``D_k`` or ``R_k``), shape ``(K,)``.
         gamma_step: Discount inside an episode.
@@ -251,9 +292,13 @@ def step_returns(
     plays: list[list[int]] = [[] for _ in range(num_episodes)]
     reflects: list[list[int]] = [[] for _ in range(num_episodes)]
     for i, (kind, k) in enumerate(zip(kinds, episodes, strict=True)):
-        (plays if kind == "play" else reflects)[k].append(i)
+        if kind == "play":
+            plays[k].append(i)
+        elif kind == "reflect":
+            reflects[k].append(i)
 
     returns = np.zeros(len(episodes), dtype=np.float64)
+    entry = np.zeros(num_episodes, dtype=np.float64)  # return of episode k's first step
     next_entry = 0.0  # return of the first (possibly virtual) step of episode k + 1
     for k in range(num_episodes - 1, -1, -1):
         g = signal[k] + gamma_traj * next_entry
@@ -263,7 +308,11 @@ def step_returns(
                 g = gamma_step * g
                 returns[i] = g
         returns[reflects[k]] = g
+        entry[k] = g
         next_entry = g
+    for i, source in enumerate(credit_sources(kinds)):
+        if kinds[i] == "call":
+            returns[i] = returns[source] if source >= 0 else entry[episodes[i]]
     return returns
 
 
@@ -275,11 +324,13 @@ def episode_scores(
 ) -> np.ndarray:
     """Episode-level score ``S`` of each sample (SPEC §4).
 
-    ``S = m_k - penalty`` for a play turn of episode k and ``S = 0 - penalty`` for a
-    reflect turn.
+    ``S = m_k - penalty`` for a play turn of episode k, ``S = 0 - penalty`` for a
+    reflect turn, and for a non-acting ``call`` the ``m_k`` of the acting sample it takes
+    its credit from (:func:`credit_sources`; its own episode's with none) minus its own
+    penalty.
 
     Args:
-        kinds: ``"play"`` or ``"reflect"`` per sample, length ``N``.
+        kinds: ``"play"``, ``"reflect"`` or ``"call"`` per sample, length ``N``.
         episode_idx: Episode index per sample, shape ``(N,)``.
         episode_rewards: Per-episode score ``D_k`` or ``R_k``, shape ``(K,)``.
         penalties: Non-negative penalty per sample, shape ``(N,)``.
@@ -289,8 +340,13 @@ def episode_scores(
     """
     signal = np.asarray(episode_rewards, dtype=np.float64).reshape(-1)
     episodes = _check_layout(kinds, episode_idx, len(signal))
-    is_play = np.array([k == "play" for k in kinds], dtype=bool)
-    base = np.where(is_play, signal[episodes] if len(episodes) else 0.0, 0.0)
+    sources = credit_sources(kinds)
+    base = np.zeros(len(episodes), dtype=np.float64)
+    for i, kind in enumerate(kinds):
+        if kind == "play":
+            base[i] = signal[episodes[i]]
+        elif kind == "call":
+            base[i] = signal[episodes[sources[i] if sources[i] >= 0 else i]]
     return base - np.asarray(penalties, dtype=np.float64).reshape(-1)
 
 
@@ -306,7 +362,7 @@ def sample_targets(
     """Step-wise returns and episode-level scores of one meta-episode.
 
     Args:
-        kinds: ``"play"`` or ``"reflect"`` per sample, time order, length ``N``.
+        kinds: ``"play"``, ``"reflect"`` or ``"call"`` per sample, time order, length ``N``.
         episode_idx: Episode index per sample, shape ``(N,)``.
         episode_rewards: Raw task rewards ``R_k`` of the episodes played, shape ``(K,)``.
         invalid: Invalid-response flag per sample, shape ``(N,)``.

@@ -21,7 +21,7 @@ from langchain_core.language_models import BaseChatModel
 
 from mage_rl.envs import Population, derive_seed, make_env, resolve_seat
 from mage_rl.graphs.meta_episode import MetaEpisodeGraph
-from mage_rl.graphs.state import MetaEpisodeState
+from mage_rl.nodes.state import MetaEpisodeState
 from mage_rl.policy.chat_model import PolicyChatModel, seeded
 
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn, group_id
@@ -163,11 +163,12 @@ def summarize(records: Sequence[MetaEpisodeRecord]) -> dict[str, Any]:
     if not records:
         return {"meta_episodes": 0}
     turns = [t for r in records for t in r.turns]
+    acting = [t for t in turns if t.acting]
     return {
         "meta_episodes": len(records),
         "success": sum(any(e.outcome == "won" for e in r.episodes) for r in records) / len(records),
         "final_reward": sum(r.episodes[-1].reward for r in records if r.episodes) / len(records),
         "turns": len(turns),
-        "invalid_share": sum(t.invalid for t in turns) / max(1, len(turns)),
+        "invalid_share": sum(t.invalid for t in acting) / max(1, len(acting)),
         "response_tokens": sum(len(t.response_ids) for t in turns),
     }

@@ -273,10 +273,13 @@ class Trainer:
             if key in stats:
                 scalars[f"losses/{key}"] = stats[key]
         turns = [t for r in records for t in r.turns]
+        acting = [t for t in turns if t.acting]
         generated = sum(len(t.response_ids) for t in turns)
         scalars.update(
             {
-                "charts/invalid_share": sum(t.invalid for t in turns) / max(1, len(turns)),
+                # Acting calls only, as in evaluation: the share of steps the environment
+                # refused, however many other calls a graph makes.
+                "charts/invalid_share": sum(t.invalid for t in acting) / max(1, len(acting)),
                 "charts/response_tokens_mean": generated / max(1, len(turns)),
                 "perf/rollout_s": rollout_s,
                 "perf/learn_s": learn_s,

@@ -230,7 +230,7 @@ def test_eval_config_checks() -> None:
         fast_config(agents=[AgentSpec("mage", "mage", "/no/such/checkpoint")])
     with pytest.raises(ValueError, match="unknown seat"):
         fast_config(seat="middle")
-    with pytest.raises(ValueError, match="unknown game"):
+    with pytest.raises(ValueError, match="unknown environment"):
         fast_config(envs=["chess"])
 
 

@@ -142,8 +142,12 @@ def test_builder_rejects_bad_inputs() -> None:
         build_meta_episode_graph(nodes={"plya": lambda s, r: {}})
     with pytest.raises(ValueError, match="already taken"):
         build_meta_episode_graph(before={"play": ("env_step", lambda s, r: {})})
-    with pytest.raises(ValueError, match="cannot insert before 'reflect'"):
+    with pytest.raises(ValueError, match="no reflect node to replace or precede"):
         build_meta_episode_graph(GraphOptions(context="none"), before={"reflect": ("x", None)})
+    with pytest.raises(ValueError, match="no reflect node to replace or precede"):
+        build_meta_episode_graph(GraphOptions(context="history"), nodes={"reflect": lambda s: {}})
+    with pytest.raises(ValueError, match="num_episodes must be in 1..10"):
+        GraphOptions(num_episodes=11)
     with pytest.raises(ValueError, match="unknown context mode"):
         GraphOptions(context="memories")
 

@@ -5,8 +5,9 @@ checkpointers can store it. Channels that grow over the meta-episode (reflection
 finished episodes, turn records) are append-only through the ``operator.add`` reducer;
 the rest describe the current episode and are overwritten by the node that changes them.
 
-Things that are not data (the environment, the chat model) travel in the run context
-(:class:`MetaEpisodeContext`), given to ``graph.ainvoke(..., context=...)``.
+Things that are not data (the environment, the chat model, the tracer that records
+every call of the chat model) travel in the run context (:class:`MetaEpisodeContext`),
+given to ``graph.ainvoke(..., context=...)``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Annotated, Any, TypedDict
 from langchain_core.language_models import BaseChatModel
 
 from mage_rl.envs.base import PROTOCOLS, TextEnv
+from mage_rl.nodes.tracing import Tracer
 
 CONTEXT_MODES = ("reflection", "history", "history+reflection", "none")
 PROMPT_TEMPLATES = ("standard", "compact")
+MAX_EPISODES = 10
 
 
 class MetaEpisodeState(TypedDict, total=False):
@@ -33,13 +36,16 @@ class MetaEpisodeState(TypedDict, total=False):
         initial_observation: The current episode's first observation.
         moves: Moves of the current episode so far, as text.
         invalid_reason: Why the last answer was invalid ("" when it was valid).
-        pending: The play turn awaiting ``env_step`` (a ``Turn`` dict without reward).
+        action: The response the environment consumes at the next ``env_step`` (the
+            text ``play``, or the policy graph standing in its place, produced).
+        invalid_steps: Invalid answers in the current episode so far.
         episode_done: The current episode has ended.
         meta_done: The meta-episode has ended.
         memory: Reflections, appended by ``reflect`` (the state channel of SPEC §2).
         history: Finished episodes (``PastEpisode`` dicts) for the history context.
         episodes: ``EpisodeResult`` dicts of finished episodes.
-        turns: ``Turn`` dicts of every LLM call, in time order.
+        turns: ``Turn`` dicts of every traced LLM call, in time order; filled from the
+            tracer when the meta-episode ends (:meth:`MetaEpisodeGraph.run`).
     """
 
     episode: int
@@ -48,7 +54,8 @@ class MetaEpisodeState(TypedDict, total=False):
     initial_observation: str
     moves: list[str]
     invalid_reason: str
-    pending: dict[str, Any] | None
+    action: str
+    invalid_steps: int
     episode_done: bool
     meta_done: bool
     memory: Annotated[list[str], operator.add]
@@ -88,8 +95,11 @@ class GraphOptions:
     constrain_actions: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_episodes < 1:
-            raise ValueError(f"num_episodes must be >= 1, got {self.num_episodes}")
+        if not 1 <= self.num_episodes <= MAX_EPISODES:
+            raise ValueError(
+                f"num_episodes must be in 1..{MAX_EPISODES} (SPEC §1: K up to 10), "
+                f"got {self.num_episodes}"
+            )
         if self.context not in CONTEXT_MODES:
             raise ValueError(
                 f"unknown context mode {self.context!r}; valid: {', '.join(CONTEXT_MODES)}"
@@ -125,7 +135,10 @@ class MetaEpisodeContext:
         options: The graph's options (set by :func:`run_meta_episode`).
         task_seed: Seed of the task instance; fixes every episode's deal.
         opponent: Opponent id (spec string).
-        extra: Free room for nodes added by users.
+        extra: Free room for nodes added by users (the dict passed to ``run(extra=)``,
+            the same object).
+        tracer: Records every call of ``llm`` as a sample (see
+            :mod:`mage_rl.nodes.tracing`); nodes may :meth:`~Tracer.mark` a call.
     """
 
     env: TextEnv
@@ -134,3 +147,4 @@ class MetaEpisodeContext:
     task_seed: int = 0
     opponent: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    tracer: Tracer = field(default_factory=Tracer)
