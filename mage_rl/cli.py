@@ -404,6 +404,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="MAGE: meta-RL for LLM agents (train, evaluate, serve).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="load user code that registers environments, opponents or agents (a module "
+        "name or a .py file); repeatable, before the command",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("oracle", help="exact Kuhn Poker reference values (SPEC §9)")
@@ -557,7 +565,28 @@ def _register_serve(sub: argparse._SubParsersAction) -> None:
 _EXTRA_PARSERS.append(_register_serve)
 
 
+def _load_plugins(argv: Sequence[str] | None) -> int:
+    """Load entry-point plugins and the ``--plugin`` ones before the parser is built, so
+    that what they register is known to every command; 0 on success."""
+    from mage_rl.plugins import PluginError, export_plugins, load_entry_point_plugins, load_plugins
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugin", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
+    try:
+        load_entry_point_plugins()
+        load_plugins(known.plugin)
+    except PluginError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    export_plugins(known.plugin)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    status = _load_plugins(sys.argv[1:] if argv is None else argv)
+    if status:
+        return status
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

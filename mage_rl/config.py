@@ -20,7 +20,6 @@ from mage_rl.rl.learner import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
 
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]
-AgentKind = Literal["mage", "reflexion", "react"]
 
 
 class _Strict(BaseModel):
@@ -30,8 +29,10 @@ class _Strict(BaseModel):
 class EnvConfig(_Strict):
     """The task and its opponents."""
 
-    name: Literal["kuhn_poker", "tic_tac_toe", "sokoban"] = Field(
-        "kuhn_poker", description="Environment: an OpenSpiel game, or single-agent sokoban."
+    name: str = Field(
+        "kuhn_poker",
+        description="Environment: a registered name or alias (kuhn_poker, tic_tac_toe, "
+        "sokoban, or one a plugin registers); stored as its canonical name.",
     )
     population: str = Field(
         "kuhn_train",
@@ -69,10 +70,11 @@ class MetaEpisodeConfig(_Strict):
         description="Stop the meta-episode after a won episode (authors' code; Pass@k "
         "assumes it). Turn off to always play K episodes, e.g. to measure EV per episode.",
     )
-    agent: AgentKind = Field(
+    agent: str = Field(
         "mage",
-        description="Prompt style: mage and reflexion answer directly with a tag; react "
-        "reasons in a Thought line before the tag.",
+        description="A registered agent graph: mage and reflexion answer directly with a "
+        "tag, react reasons in a Thought line before the tag; a plugin's agent "
+        "(register_agent) plays its own graph inside the meta-episode.",
     )
     prompt: Literal["standard", "compact"] = Field(
         "standard",
@@ -125,15 +127,28 @@ class RolloutConfig(_Strict):
 class RunConfig(_Strict):
     """A rollout or evaluation experiment: task, meta-episode, policy, batch size."""
 
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Plugins loaded before the rest is checked: module names or .py files "
+        "(relative to the config file) that register environments, opponents or agents.",
+    )
     env: EnvConfig = Field(default_factory=EnvConfig)
     meta: MetaEpisodeConfig = Field(default_factory=MetaEpisodeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        return _with_plugins_loaded(data)
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from mage_rl.envs import Population, canonical_game
+        from mage_rl.envs import Population, canonical_game, env_spec
+        from mage_rl.graphs import AGENT_GRAPHS
 
+        self.env.name = canonical_game(self.env.name)
+        AGENT_GRAPHS.canonical(self.meta.agent)
         population = Population.parse(self.env.population, game=self.env.name)
         for spec in population.specs:
             if canonical_game(spec.split(":")[0]) != self.env.name:
@@ -141,9 +156,9 @@ class RunConfig(_Strict):
                     f"env.population has {spec!r}, which does not play env.name="
                     f"{self.env.name!r}; use opponents of {self.env.name}"
                 )
-        if self.env.name == "sokoban" and self.env.seat not in ("first", "0"):
+        if env_spec(self.env.name).single_agent and self.env.seat not in ("first", "0"):
             raise ValueError(
-                f"env.name=sokoban is a single-agent task with one seat, but env.seat="
+                f"env.name={self.env.name} is a single-agent task with one seat, but env.seat="
                 f"{self.env.seat!r}; set env.seat: first"
             )
         if self.meta.agent == "react" and self.meta.context != "none":
@@ -157,6 +172,37 @@ class RunConfig(_Strict):
                 "Thought line cannot be written; use meta.agent: mage or reflexion"
             )
         return self
+
+
+BASE_DIR_KEY = "_base_dir"
+
+
+def _with_plugins_loaded(data: Any) -> Any:
+    """Load the plugins a raw config names, with their file paths made absolute.
+
+    Plugins register the names the rest of the config may use, so they load before any
+    section is checked. ``load_config`` passes the config file's folder under
+    :data:`BASE_DIR_KEY`; relative plugin files are read from there and stored absolute,
+    so a saved copy of the config (a run's ``config.yaml``) still finds them.
+    """
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    base_dir = data.pop(BASE_DIR_KEY, None)
+    plugins = data.get("plugins")
+    if plugins:
+        from mage_rl.plugins import PluginError, load_plugin, plugin_path
+
+        if isinstance(plugins, str) or not isinstance(plugins, list):
+            raise ValueError("plugins must be a list of module names or .py files")
+        resolved = [plugin_path(str(p), base_dir) for p in plugins]
+        for spec in resolved:
+            try:
+                load_plugin(spec)
+            except PluginError as err:
+                raise ValueError(str(err)) from None
+        data["plugins"] = resolved
+    return data
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -199,6 +245,8 @@ def load_config(
             raise ValueError(f"{path}: the top level must be a mapping of sections")
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
+    if path is not None:
+        data[BASE_DIR_KEY] = str(Path(path).resolve().parent)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -277,6 +325,32 @@ class TrainConfig(RunConfig):
     eval: EvalSection = Field(default_factory=EvalSection)
     train: TrainSection = Field(default_factory=TrainSection)
     openrlhf: OpenRLHFSection = Field(default_factory=OpenRLHFSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_return_defaults(cls, data: Any) -> Any:
+        # SPEC §3-4: the penalties and the cross-episode discount belong to the task
+        # (c_inv 2.0 for Kuhn, 0.5 for Tic-Tac-Toe and Sokoban; gamma_traj 0.9 for
+        # Sokoban): what the config leaves out comes from the environment's registry entry.
+        data = _with_plugins_loaded(data)
+        if not isinstance(data, dict):
+            return data
+        from mage_rl.envs import ENVS
+
+        env = data.get("env") or {}
+        name = env.get("name", "kuhn_poker") if isinstance(env, dict) else "kuhn_poker"
+        if not isinstance(name, str) or name not in ENVS:
+            return data  # the section check names the problem
+        spec = ENVS.get(name)
+        returns = data.get("returns")
+        returns = dict(returns) if isinstance(returns, dict) else {}
+        if not isinstance(data.get("returns", {}), dict):
+            return data
+        returns.setdefault("invalid_penalty", spec.invalid_penalty)
+        returns.setdefault("length_penalty", spec.length_penalty)
+        returns.setdefault("gamma_traj", spec.gamma_traj)
+        data["returns"] = returns
+        return data
 
     @model_validator(mode="after")
     def _check_training(self) -> TrainConfig:

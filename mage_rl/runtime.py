@@ -34,7 +34,15 @@ def graph_options(cfg: RunConfig) -> GraphOptions:
 
 
 def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
-    """The agent graph named by ``meta.agent`` with the config's options."""
+    """The agent graph named by ``meta.agent`` with the config's options.
+
+    Loads the config's plugins first (and those of the command that started this
+    process), so a rollout worker in another process knows the names they register.
+    """
+    from mage_rl.plugins import load_plugins, load_process_plugins
+
+    load_process_plugins()
+    load_plugins(cfg.plugins)
     return agent_graph(cfg.meta.agent, graph_options(cfg))
 
 

@@ -59,6 +59,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         level=args.level,
         concurrency=args.concurrency,
         max_batch_size=args.max_batch_size,
+        prompt=args.prompt,
+        constrain_actions=args.constrain_actions,
     )
     try:
         run_evaluation(cfg, args.out, progress=not args.no_progress)
@@ -106,8 +108,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ENV",
-        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt) or sokoban; "
-        "default kuhn_poker",
+        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, or "
+        "one a plugin registers; default kuhn_poker",
     )
     p.add_argument(
         "--opponents",
@@ -169,6 +171,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--concurrency", type=int, default=16, help="meta-episodes in flight (share batches)"
     )
     p.add_argument("--max-batch-size", type=int, default=32, help="local engine batch limit")
+    p.add_argument(
+        "--prompt",
+        default="standard",
+        choices=["standard", "compact"],
+        help="play-prompt template (use the one the model was trained with)",
+    )
+    p.add_argument(
+        "--constrain-actions",
+        action="store_true",
+        help="constrained decoding on play turns, as policy.constrain_actions in training",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_eval)
 

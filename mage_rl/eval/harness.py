@@ -29,7 +29,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,10 @@ from mage_rl.envs import (
     make_env,
     resolve_seat,
 )
-from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
+from mage_rl.graphs import AGENT_GRAPHS, GraphOptions, MetaEpisodeGraph, agent_graph
 from mage_rl.policy.chat_model import SeededChatModel
 from mage_rl.records import MetaEpisodeRecord
+from mage_rl.registry import PLUGIN_HINT
 from mage_rl.rl.rollout import TaskInstance, record_from_state, sample_tasks
 
 log = logging.getLogger(__name__)
@@ -106,11 +107,14 @@ def parse_agents(
         if at and head and _LABEL.match(tail):
             text, label = head, tail
         style, _, model = text.partition("=")
-        style = style.strip().lower()
-        if style not in STYLES:
+        style = style.strip()
+        if style.lower() in STYLES:
+            style = style.lower()
+        if style not in AGENT_GRAPHS:
             raise ValueError(
                 f"unknown agent style {style!r} in {text!r}; use STYLE[=MODEL][@LABEL] with "
-                f"STYLE one of {', '.join(STYLES)}"
+                f"STYLE a registered agent ({', '.join(AGENT_GRAPHS.names())}). To use your "
+                f"own, {PLUGIN_HINT}"
             )
         model = model.strip() or default_model
         if model == "endpoint":
@@ -205,6 +209,12 @@ class EvalConfig:
     """Meta-episodes in flight at once (their LLM calls share batches)."""
     max_batch_size: int = 32
     """Most requests a local engine decodes together."""
+    prompt: str = "standard"
+    """Play-prompt template: ``standard`` or ``compact`` (evaluate a model with the
+    template it was trained with)."""
+    constrain_actions: bool = False
+    """Constrained decoding on play turns (local models only), as ``policy.constrain_actions``
+    in training: evaluate a model trained with it the same way."""
 
     def __post_init__(self) -> None:
         self.envs = [canonical_game(e) for e in self.envs]
@@ -232,6 +242,16 @@ class EvalConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} {rule}")
         if self.reflect_max_tokens is None:
             self.reflect_max_tokens = 2 * self.max_tokens
+        if self.prompt not in ("standard", "compact"):
+            raise ValueError(f"prompt={self.prompt!r} must be standard or compact")
+        if self.constrain_actions:
+            for agent in self.agents:
+                if agent.style == "react" or agent.is_endpoint:
+                    raise ValueError(
+                        f"agent {agent.label!r}: constrained decoding leaves no room for "
+                        "ReAct's Thought line and needs a local model; evaluate it without "
+                        "--constrain-actions"
+                    )
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns={self.max_turns} must be >= 1 (or unset)")
         resolve_seat(self.seat, 0)  # raises on an unknown seat
@@ -262,6 +282,8 @@ class EvalConfig:
             stop_on_success=self.stop_on_success,
             max_tokens=self.max_tokens,
             reflect_max_tokens=int(self.reflect_max_tokens or 2 * self.max_tokens),
+            prompt=self.prompt,
+            constrain_actions=self.constrain_actions,
         )
 
 
@@ -275,7 +297,14 @@ def opponent_population(opponents: str, env: str) -> Population:
         ValueError: A spec that does not play ``env``, or an unknown name.
     """
     if opponents in OPPONENT_SETS:
-        return POPULATION_PRESETS[f"{GAME_SHORT[env]}_{opponents}"]
+        preset = f"{GAME_SHORT.get(env, env)}_{opponents}"
+        if preset not in POPULATION_PRESETS:
+            raise ValueError(
+                f"--opponents {opponents} means the preset {preset!r}, which {env} does not "
+                f"register; register it with register_population({preset!r}, ...) or pass "
+                "weighted specs"
+            )
+        return POPULATION_PRESETS[preset]
     try:
         population = Population.parse(opponents, game=env)
     except KeyError as exc:
@@ -343,6 +372,10 @@ def prepare_run_dir(
         saved = json.loads(config_path.read_text())
         old = saved.get("conditions", {})
         new = json.loads(json.dumps(cfg.conditions()))
+        # A condition added after the folder was written counts as its default there.
+        for f in fields(EvalConfig):
+            if f.name in new and f.name not in old and not isinstance(f.default, type(MISSING)):
+                old[f.name] = f.default
         diffs = [
             f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new))
