@@ -45,8 +45,8 @@ from mage_rl.bench.adaptation_results import (
     save_cell,
 )
 from mage_rl.config import TrainConfig, load_config
-from mage_rl.rl.pretrain import PretrainSettings
 from mage_rl.records import MetaEpisodeRecord
+from mage_rl.rl.pretrain import PretrainSettings
 from mage_rl.rl.rollout import TaskInstance
 
 logger = logging.getLogger(__name__)

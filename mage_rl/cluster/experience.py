@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import AdvantageConfig, compute_advantages, final_reward
 from mage_rl.rl.batching import samples_from_records
-from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.returns import ReturnConfig
 
 

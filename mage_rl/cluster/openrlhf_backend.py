@@ -43,8 +43,8 @@ import yaml
 from mage_rl.cluster.deps import require
 from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
 from mage_rl.config import TrainConfig
-from mage_rl.rl.metrics_log import MetricsLogger
 from mage_rl.records import MetaEpisodeRecord
+from mage_rl.rl.metrics_log import MetricsLogger
 from mage_rl.rl.trainer import STATE_FILE, Trainer, _atomic_write, latest_checkpoint
 
 logger = logging.getLogger(__name__)

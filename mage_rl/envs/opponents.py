@@ -56,7 +56,11 @@ class CallableOpponent(Opponent):
     def __init__(self, fn: Callable[..., int], spec: str) -> None:
         self.fn = fn
         self.spec = spec
-        params = inspect.signature(fn).parameters
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
         self._wants_rng = len(params) >= 3
         self._rng = np.random.default_rng(0)
 

@@ -137,8 +137,10 @@ def register_env(
         length_penalty=2.0 if length_penalty is None else float(length_penalty),
         gamma_traj=float(gamma_traj),
     )
-    if rules is not None and rules.game_name != name and rules.game_name not in aliases:
-        aliases = (*aliases, rules.game_name)
+    game = rules.game_name if rules is not None else ""
+    # The OpenSpiel name is an alias too, when it is a plain name (not "game(params)").
+    if game and game != name and game not in aliases and game.isidentifier():
+        aliases = (*aliases, game)
     return ENVS.register(name, spec, aliases=aliases, replace=replace)
 
 

@@ -23,7 +23,6 @@ from mage_rl.envs import Population, derive_seed, make_env, resolve_seat
 from mage_rl.graphs.meta_episode import MetaEpisodeGraph
 from mage_rl.nodes.state import MetaEpisodeState
 from mage_rl.policy.chat_model import PolicyChatModel, seeded
-
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn, group_id
 
 

@@ -32,10 +32,10 @@ import yaml
 
 from mage_rl.config import TrainConfig
 from mage_rl.eval.metrics import summarize_records
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
-from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import write_jsonl
 
 logger = logging.getLogger(__name__)
