@@ -29,9 +29,7 @@ class PlannerState(TypedDict, total=False):
 
 async def plan(state: PlannerState, runtime: Runtime[MetaEpisodeContext]) -> dict[str, Any]:
     ask = HumanMessage("Before you answer, write a one-line plan. Do not answer yet.")
-    reply = await runtime.context.llm.ainvoke(
-        [*state["messages"], ask], max_tokens=16, stop=["\n"]
-    )
+    reply = await runtime.context.llm.ainvoke([*state["messages"], ask], max_tokens=16, stop=["\n"])
     return {"plan": str(reply.content)}
 
 

@@ -24,7 +24,10 @@ def register_builtins() -> None:
     _DONE = True
     register_env("kuhn_poker", rules=kuhn.KuhnRules(), aliases=("kuhn",), gamma_traj=0.6)
     register_env(
-        "tic_tac_toe", rules=tictactoe.TicTacToeRules(), aliases=("ttt", "tictactoe"), gamma_traj=0.6
+        "tic_tac_toe",
+        rules=tictactoe.TicTacToeRules(),
+        aliases=("ttt", "tictactoe"),
+        gamma_traj=0.6,
     )
     register_env(
         "sokoban",

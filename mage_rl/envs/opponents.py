@@ -261,7 +261,9 @@ class _Presets(dict):
     def register(self, name: str, population: Population | str | Callable[[], Population]) -> None:
         """Add a preset: a :class:`Population`, a ``"spec=w,..."`` string, or a builder."""
         if not name or any(c in name for c in ":=, "):
-            raise ValueError(f"preset name {name!r} must be non-empty without ':', '=', ',' or space")
+            raise ValueError(
+                f"preset name {name!r} must be non-empty without ':', '=', ',' or space"
+            )
         if isinstance(population, Population):
             self._builders = {**self._builders, name: lambda: population}
         elif isinstance(population, str):
@@ -278,9 +280,7 @@ POPULATION_PRESETS = _Presets()
 ``sokoban_train`` (2 boxes) and ``sokoban_unseen`` (1 and 3 boxes)."""
 
 
-def register_population(
-    name: str, population: Population | str | Callable[[], Population]
-) -> None:
+def register_population(name: str, population: Population | str | Callable[[], Population]) -> None:
     """Register a population preset, usable as ``env.population: NAME`` and ``--opponents``.
 
     Args:

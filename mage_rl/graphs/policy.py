@@ -103,9 +103,7 @@ def policy_node(
         )
 
     async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) -> dict:
-        output = await graph.ainvoke(
-            policy_input(state, runtime.context), context=runtime.context
-        )
+        output = await graph.ainvoke(policy_input(state, runtime.context), context=runtime.context)
         return {"action": policy_action(output)}
 
     return play

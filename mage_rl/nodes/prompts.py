@@ -23,6 +23,8 @@ STYLE_REACT = (
     "First write one line that starts with 'Thought:' and reasons about the state, then "
     "give your answer inside the tags."
 )
+
+
 @dataclass
 class PastEpisode:
     """What the history context shows of a finished episode."""

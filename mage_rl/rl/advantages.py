@@ -59,7 +59,6 @@ GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class AdvantageConfig:
     """How per-sample advantages are estimated.
