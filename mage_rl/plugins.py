@@ -94,8 +94,9 @@ def load_plugin(spec: str, base_dir: str | Path | None = None) -> ModuleType:
             module_spec.loader.exec_module(module)
         except BaseException as err:
             sys.modules.pop(name, None)
+            where = spec if spec == str(path) else f"{spec} ({path})"
             raise PluginError(
-                f"plugin {spec!r} ({path}) failed to load:\n{traceback.format_exc()}"
+                f"plugin {where} failed to load:\n{traceback.format_exc()}"
             ) from err
         _LOADED[key] = module
         return module
