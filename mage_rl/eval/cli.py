@@ -24,7 +24,7 @@ console = Console()
 AGENT_HELP = (
     "agent to evaluate, repeatable: STYLE[=MODEL][@LABEL]. STYLE is react, reflexion or "
     "mage; MODEL is tiny, smollm2, a local HF directory or .gguf (e.g. a trained "
-    "checkpoint: mage=runs/kuhn/checkpoints/iter_10/model), an endpoint URL, or "
+    "checkpoint: mage=runs/kuhn/checkpoints/iter_000010/model), an endpoint URL, or "
     "'endpoint' for --endpoint; default --model. LABEL names it in tables (default: the "
     "style, or STYLE:MODEL when two agents share a style)."
 )
