@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -56,9 +57,10 @@ def apply_threads(threads: int | None) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from mage_rl.bench.rollout import bench_rollout, format_rollout_report
 
-    started = time.time()
-    apply_threads(args.threads)
-    result = bench_rollout(
+    return _measure(
+        args,
+        bench_rollout,
+        format_rollout_report,
         model=args.model,
         meta_episodes=args.meta_episodes,
         env=args.env,
@@ -68,17 +70,15 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         seed=args.seed,
         rounds=args.rounds,
     )
-    print(format_rollout_report(result))
-    _save(args, result, started)
-    return 0
 
 
 def _cmd_learner(args: argparse.Namespace) -> int:
     from mage_rl.bench.learner import bench_learner, format_learner_report
 
-    started = time.time()
-    apply_threads(args.threads)
-    result = bench_learner(
+    return _measure(
+        args,
+        bench_learner,
+        format_learner_report,
         model=args.model,
         samples=args.samples,
         prompt_len=args.prompt_len,
@@ -86,17 +86,15 @@ def _cmd_learner(args: argparse.Namespace) -> int:
         seed=args.seed,
         repeats=args.repeats,
     )
-    print(format_learner_report(result))
-    _save(args, result, started)
-    return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from mage_rl.bench.serve import bench_serve, format_serve_report
 
-    started = time.time()
-    apply_threads(args.threads)
-    result = bench_serve(
+    return _measure(
+        args,
+        bench_serve,
+        format_serve_report,
         model=args.model,
         clients=[int(c) for c in args.clients.split(",")],
         requests=args.requests,
@@ -106,7 +104,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         threads=args.threads,
     )
-    print(format_serve_report(result))
+
+
+def _measure(
+    args: argparse.Namespace,
+    bench: Callable[..., dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    **settings: Any,
+) -> int:
+    """Run a throughput benchmark with ``--threads``, print its report, save ``--json``."""
+    started = time.time()
+    apply_threads(args.threads)
+    result = bench(**settings)
+    print(report(result))
     _save(args, result, started)
     return 0
 

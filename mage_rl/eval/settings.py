@@ -7,8 +7,9 @@
 or a help text cannot drift between the Python API and the command line. The module
 imports nothing heavy, so ``mage --help`` stays fast.
 
-The evaluation sampling (:data:`EVAL_SAMPLING`) and seed (:data:`EVAL_SEED`) are also the
-defaults of the periodic evaluation during training (``eval:`` in a training config).
+The evaluation sampling (:data:`EVAL_TEMPERATURE`, :data:`EVAL_TOP_P`, :data:`EVAL_TOP_K`)
+and seed (:data:`EVAL_SEED`) are also the defaults of the periodic evaluation during
+training (``eval:`` in a training config).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 EVAL_SEED = 2026
 """Base seed of evaluation task instances (kept apart from training seeds)."""
 
-EVAL_SAMPLING: dict[str, float | int] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
-"""The paper's evaluation sampling (SPEC §6): temperature 0.7, top-p 0.8, top-k 20."""
+# The paper's evaluation sampling (SPEC §6).
+EVAL_TEMPERATURE = 0.7
+EVAL_TOP_P = 0.8
+EVAL_TOP_K = 20
 
 
 def setting(
@@ -89,11 +92,9 @@ class EvalSettings:
         help="end a meta-episode at its first win, so success@k is Pass@k (default: on); "
         "turn off to play all K episodes, e.g. for ev@k",
     )
-    temperature: float = setting(
-        EVAL_SAMPLING["temperature"], help="sampling temperature (paper eval: 0.7)"
-    )
-    top_p: float = setting(EVAL_SAMPLING["top_p"], help="nucleus truncation (paper: 0.8)")
-    top_k: int = setting(EVAL_SAMPLING["top_k"], help="top-k truncation (paper: 20; 0: off)")
+    temperature: float = setting(EVAL_TEMPERATURE, help="sampling temperature (paper eval: 0.7)")
+    top_p: float = setting(EVAL_TOP_P, help="nucleus truncation (paper: 0.8)")
+    top_k: int = setting(EVAL_TOP_K, help="top-k truncation (paper: 20; 0: off)")
     max_tokens: int = setting(
         96, help="token budget of a play turn; a longer answer is cut and usually invalid"
     )
@@ -125,16 +126,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         common: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
         if meta["metavar"]:
             common["metavar"] = meta["metavar"]
-        if f.type == "bool":
+        kind = str(f.type)  # an annotation string, under `from __future__ import annotations`
+        if kind == "bool":
             parser.add_argument(
                 *names, action=argparse.BooleanOptionalAction, default=f.default, **common
             )
-        elif f.type.startswith("list["):
+        elif kind.startswith("list["):
             # Repeatable; nothing given means the field's default (see settings_from_args).
             parser.add_argument(*names, action="append", default=[], **common)
         else:
             parser.add_argument(
-                *names, type=_TYPES[f.type], default=f.default, choices=meta["choices"], **common
+                *names, type=_TYPES[kind], default=f.default, choices=meta["choices"], **common
             )
 
 
