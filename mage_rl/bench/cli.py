@@ -195,6 +195,22 @@ def _save(args: argparse.Namespace, result: dict[str, Any], started: float) -> N
 # -- parsers -----------------------------------------------------------------------------
 
 
+class _BenchmarkParser(argparse.ArgumentParser):
+    """A benchmark's parser: a flag it does not read is refused here, under its own name
+    (argparse would otherwise hand it back to ``mage``, whose message names no benchmark)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(
+                f"unrecognized arguments: {' '.join(extras)} (this benchmark's flags: "
+                f"{self.prog} --help)"
+            )
+        return parsed, extras
+
+
 def _add_common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
     p.add_argument(
         "--threads",
@@ -236,7 +252,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "measured back to back in one process; the studies (adaptation, identification) "
         "train models. See docs/benchmarks.md.",
     )
-    benches = bench.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
+    benches = bench.add_subparsers(
+        dest="what", required=True, metavar="BENCHMARK", parser_class=_BenchmarkParser
+    )
 
     p = benches.add_parser("rollout", help="batched vs sequential decoding of meta-episodes")
     _add_model(p)

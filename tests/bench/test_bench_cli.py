@@ -76,7 +76,8 @@ def test_a_flag_another_benchmark_reads_is_an_error(argv, flag, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench_args(argv)
     assert exit_info.value.code == 2
-    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"mage bench {argv[0]}: error: unrecognized arguments: {flag}" in err
 
 
 def test_learner_json_records_threads(tmp_path) -> None:
