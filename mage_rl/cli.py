@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -277,124 +276,6 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- bench -------------------------------------------------------------------------------
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "adaptation":
-        return _bench_adaptation(args)
-    if args.what == "identification":
-        return _bench_identification(args)
-    if args.what == "rollout":
-        from mage_rl.bench.rollout import bench_rollout, format_rollout_report
-
-        result = bench_rollout(
-            model=args.model,
-            meta_episodes=args.meta_episodes,
-            env=args.env,
-            episodes=args.episodes,
-            max_tokens=args.max_tokens,
-            dtype=args.dtype,
-            seed=args.seed,
-            rounds=args.rounds,
-        )
-        report = format_rollout_report(result)
-    elif args.what == "serve":
-        from mage_rl.bench.serve import bench_serve, format_serve_report
-
-        result = bench_serve(
-            model=args.model,
-            clients=[int(c) for c in args.clients.split(",")],
-            requests=args.requests,
-            max_tokens=args.max_tokens,
-            dtype=args.dtype,
-            seed=args.seed,
-            rounds=args.rounds,
-            threads=args.threads,
-        )
-        report = format_serve_report(result)
-    else:
-        from mage_rl.bench.learner import bench_learner, format_learner_report
-
-        result = bench_learner(
-            model=args.model,
-            samples=args.samples,
-            prompt_len=args.prompt_len,
-            response_len=args.response_len,
-            seed=args.seed,
-            repeats=args.repeats,
-        )
-        report = format_learner_report(result)
-    print(report)
-    if args.json:
-        _write_json(args.json, result)
-    return 0
-
-
-def _bench_adaptation(args: argparse.Namespace) -> int:
-    from mage_rl.bench.adaptation import DEFAULT_CONFIG, METHODS, bench_adaptation
-    from mage_rl.bench.adaptation_results import format_table
-    from mage_rl.rl.pretrain import PretrainSettings
-
-    methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
-    sizes = {
-        name: value
-        for name, value in (("batches", args.pretrain_batches), ("epochs", args.pretrain_epochs))
-        if value is not None
-    }
-    if sizes and not args.pretrain:
-        raise SystemExit("--pretrain-batches and --pretrain-epochs need --pretrain")
-    doc = bench_adaptation(
-        config=args.config or DEFAULT_CONFIG,
-        methods=methods,
-        seats=args.seats.split(","),
-        seeds=[int(s) for s in args.seeds.split(",")],
-        iterations=args.iterations,
-        eval_every=args.eval_every,
-        out=args.out,
-        overrides=args.set,
-        resume=not args.fresh,
-        runs_dir=args.runs_dir,
-        pretrain=PretrainSettings(**sizes) if args.pretrain else None,
-        minutes=args.minutes,
-        log=console.print,
-    )
-    print(format_table(doc))
-    console.print(f"results: {args.out}")
-    return 0
-
-
-def _write_json(path: str, result: object) -> None:
-    """A benchmark's raw result as JSON, creating the folder it goes into."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(result, indent=2, default=str))
-
-
-def _bench_identification(args: argparse.Namespace) -> int:
-    from mage_rl.bench.identification import DEFAULT_CONFIG, bench_identification
-
-    # The model is the config's policy.model (--set policy.model=PATH): --model's default
-    # belongs to the other benchmarks.
-    result = bench_identification(
-        config=args.config or DEFAULT_CONFIG,
-        batches=args.batches,
-        epochs=args.epochs,
-        seed=args.seed,
-        overrides=args.set,
-        log=console.print,
-    )
-    console.print(
-        f"{result['model']}: {result['train']} labelled decisions, held-out accuracy "
-        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}); without "
-        f"history at best {result['no_history_accuracy']:.3f}, Bayes "
-        f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
-    )
-    if args.json:
-        _write_json(args.json, result)
-    return 0
-
-
 # -- parser ------------------------------------------------------------------------------
 
 
@@ -482,61 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.set_defaults(func=_cmd_pretrain)
 
-    p = sub.add_parser("bench", help="benchmarks measured on this machine (ratios in one run)")
-    p.add_argument("what", choices=["rollout", "learner", "serve", "adaptation", "identification"])
-    p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the raw result to this file")
-    g = p.add_argument_group("rollout")
-    g.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
-    g.add_argument("--env", default="kuhn_poker", choices=["kuhn_poker", "tic_tac_toe"])
-    g.add_argument("--episodes", type=int, default=3, help="K")
-    g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    g.add_argument("--rounds", type=int, default=1, help="repeat each mode, alternating")
-    g = p.add_argument_group("learner")
-    g.add_argument("--samples", type=int, default=16)
-    g.add_argument("--prompt-len", type=int, default=300)
-    g.add_argument("--response-len", type=int, default=40)
-    g.add_argument("--repeats", type=int, default=2)
-    g = p.add_argument_group("serve (also uses --max-tokens, --dtype and --rounds)")
-    g.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
-    g.add_argument("--requests", type=int, default=32, help="chat completions per client count")
-    g.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: one per core)"
-    )
-    g = p.add_argument_group("adaptation (trains every method; minutes to hours)")
-    g.add_argument("--config", default=None, help="base config (configs/kuhn_adaptation_tiny.yaml)")
-    g.add_argument("--methods", default="all", help="comma-separated, or all")
-    g.add_argument("--seats", default="first,second")
-    g.add_argument("--seeds", default="0", help="training seeds, comma-separated")
-    g.add_argument("--iterations", type=int, default=60, help="the budget of every run")
-    g.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="also stop a run after this training time (pretraining included)",
-    )
-    g.add_argument(
-        "--pretrain",
-        action="store_true",
-        help="pretrain the model on game transcripts first (mage pretrain), once per seed",
-    )
-    g.add_argument(
-        "--pretrain-batches", type=int, default=None, help="rollout batches per seat (10)"
-    )
-    g.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
-    g.add_argument("--eval-every", type=int, default=10)
-    g.add_argument("--out", default="runs/adaptation/adaptation.json")
-    g.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
-    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
-    g = p.add_argument_group("identification (also uses --config, --set and --seed)")
-    g.add_argument(
-        "--batches", type=int, default=20, help="rollout batches of labelled decisions to collect"
-    )
-    g.add_argument("--epochs", type=int, default=3, help="passes over the training decisions")
-    p.set_defaults(func=_cmd_bench)
+    from mage_rl.bench.cli import register as register_bench
+
+    register_bench(sub)
 
     for register in _EXTRA_PARSERS:
         register(sub)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mage_rl.cluster.settings import OpenRLHFSection
+from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.learner import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
@@ -275,11 +276,13 @@ class EvalSection(_Strict):
     )
     tasks: int = Field(16, ge=0, description="Task instances per evaluation (0 disables it).")
     seed: int = Field(
-        2026, description="Base seed of the evaluation tasks (kept apart from training seeds)."
+        EVAL_SEED, description="Base seed of the evaluation tasks (kept apart from training seeds)."
     )
-    temperature: float = Field(0.7, ge=0.0, description="Evaluation sampling (SPEC §6: 0.7).")
-    top_p: float = Field(0.8, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
-    top_k: int = Field(20, ge=0, description="Evaluation top-k (SPEC §6: 20).")
+    temperature: float = Field(
+        EVAL_TEMPERATURE, ge=0.0, description="Evaluation sampling (SPEC §6: 0.7)."
+    )
+    top_p: float = Field(EVAL_TOP_P, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
+    top_k: int = Field(EVAL_TOP_K, ge=0, description="Evaluation top-k (SPEC §6: 20).")
 
 
 class TrainSection(_Strict):

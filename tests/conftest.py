@@ -1,16 +1,33 @@
-"""Test-wide set-up: OpenRLHF's modules importable on a CPU.
+"""Test-wide set-up: OpenRLHF's modules importable on a CPU; caches kept out of home.
 
 OpenRLHF imports flash-attn (a CUDA build) at module import time. When the real
 flash-attn is missing, ``_shims/flash_attn`` goes on ``sys.path`` for every test that
 imports OpenRLHF, the cluster tests and the loss comparison in ``tests/rl`` alike, so
 each passes whether it runs alone or in the whole suite.
+
+What the package caches (the solved Kuhn CFR table, converted checkpoints) goes to one
+temporary folder per test session, never to the user's ``~/.cache/mage-rl``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from mage_rl.cache import CACHE_ENV
 
 if importlib.util.find_spec("flash_attn") is None:
     sys.path.insert(0, str(Path(__file__).parent / "_shims"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``$MAGE_RL_CACHE`` for the whole session (subprocesses and Ray workers inherit it)."""
+    root = tmp_path_factory.mktemp("mage-rl-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(root))
+        yield root

@@ -6,8 +6,11 @@
 * :func:`bench_serve`: requests per second of ``mage serve`` at 1 vs 16 concurrent clients.
 
 Two benchmarks measure learning rather than speed, and live in their own modules:
-:mod:`mage_rl.bench.adaptation` (does the last hand exploit the opponent?) and
-:mod:`mage_rl.bench.identification` (can the model learn to read the opponent at all?).
+:mod:`mage_rl.bench.adaptation` (does the last hand exploit the opponent?, with its exact
+evaluation in :mod:`~mage_rl.bench.adaptation_exact` and its results file in
+:mod:`~mage_rl.bench.adaptation_results`) and :mod:`mage_rl.bench.identification` (can
+the model learn to read the opponent at all?). Both start from a config shipped with the
+package (:mod:`~mage_rl.bench.study_configs`). :mod:`mage_rl.bench.cli` is ``mage bench``.
 
 Absolute numbers depend on the machine and on whatever else runs on it; the ratios,
 measured back to back in one process, are the claims. ``docs/benchmarks.md`` records

@@ -19,11 +19,12 @@ K-hand protocol); ``single_episode_reward`` (meta-episodes, no cross-episode cre
 ``cumulative`` (LaMer); ``mage_mixed_groups`` (a group's rollouts face different
 opponents); ``mage_local_anchor`` (anchor states keyed by episode index).
 
-Evaluation is exact, not sampled: the policy decodes greedily, the opponents are
-deterministic, so a meta-episode's outcome is a function of its K deals. The evaluation
-plays every one of the ``6**K`` deal sequences against every opponent and weights them by
-the population, which gives the exact expected chips of every episode index (``ev@k``)
-for the greedy policy, with no sampling noise.
+Evaluation is exact, not sampled (:mod:`mage_rl.bench.adaptation_exact`): the policy
+decodes greedily, the opponents are deterministic, so a meta-episode's outcome is a
+function of its K deals. The evaluation plays every one of the ``6**K`` deal sequences
+against every opponent and weights them by the population, which gives the exact
+expected chips of every episode index (``ev@k``) for the greedy policy, with no sampling
+noise. The results file and its plots are :mod:`mage_rl.bench.adaptation_results`.
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import Any
 
+from mage_rl.bench.adaptation_exact import (
+    deal_sequence_seeds,
+    exact_ev,
+    exact_eval_tasks,
+    reference_values,
+)
 from mage_rl.bench.adaptation_results import (
     SEATS,
     aggregate,
@@ -44,14 +50,27 @@ from mage_rl.bench.adaptation_results import (
     run_budget_seconds,
     save_cell,
 )
+from mage_rl.bench.study_configs import study_config
 from mage_rl.config import TrainConfig, load_config
-from mage_rl.records import MetaEpisodeRecord
+from mage_rl.provenance import provenance
 from mage_rl.rl.pretrain import PretrainSettings
-from mage_rl.rl.rollout import TaskInstance
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
+__all__ = [
+    "DEFAULT_CONFIG",
+    "METHODS",
+    "Method",
+    "bench_adaptation",
+    "deal_sequence_seeds",
+    "exact_ev",
+    "exact_eval_tasks",
+    "method_config",
+    "reference_values",
+    "run_method",
+]
+
+DEFAULT_CONFIG = study_config()
 
 
 @dataclass(frozen=True)
@@ -99,90 +118,6 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
-
-
-# -- exact evaluation ------------------------------------------------------------------
-
-
-def deal_sequence_seeds(num_episodes: int, max_scan: int = 1_000_000) -> list[int]:
-    """One task seed for each of the ``6**K`` sequences of Kuhn deals under ``fresh``.
-
-    A task seed fixes every episode's deal (:func:`~mage_rl.envs.base.episode_seed`);
-    this scans seeds until each sequence of (agent card, opponent card) deals has one.
-    The deal does not depend on the seat or the opponent.
-
-    Raises:
-        RuntimeError: If ``max_scan`` seeds do not cover every sequence.
-    """
-    from mage_rl.envs import make_env
-    from mage_rl.envs.base import episode_seed
-
-    env = make_env("kuhn_poker", "kuhn:conservative", seat=0)
-    deals = list(product(range(3), repeat=2))
-    deals = [d for d in deals if d[0] != d[1]]
-    wanted = {seq: -1 for seq in product(deals, repeat=num_episodes)}
-    missing = len(wanted)
-    for seed in range(max_scan):
-        seq = []
-        for k in range(num_episodes):
-            env.reset(episode_seed(seed, k, "fresh"))
-            history = env.state.history()
-            seq.append((int(history[0]), int(history[1])))
-        key = tuple(seq)
-        if wanted[key] < 0:
-            wanted[key] = seed
-            missing -= 1
-            if missing == 0:
-                return [wanted[k] for k in sorted(wanted)]
-    raise RuntimeError(f"{max_scan} seeds did not cover all {len(wanted)} deal sequences")
-
-
-def exact_eval_tasks(
-    cfg: TrainConfig, seat: int, seeds: Sequence[int]
-) -> tuple[list[TaskInstance], list[float]]:
-    """Every deal sequence against every opponent, with its population weight."""
-    from mage_rl import runtime
-
-    population = runtime.population(cfg)
-    tasks, weights = [], []
-    for spec, weight in zip(population.specs, population.weights, strict=True):
-        for seed in seeds:
-            tasks.append(TaskInstance(seed, spec, seat))
-            weights.append(float(weight) / len(seeds))
-    return tasks, weights
-
-
-def exact_ev(
-    records: Sequence[MetaEpisodeRecord], weights: Sequence[float], num_episodes: int
-) -> dict[str, Any]:
-    """Population-weighted chips per episode index, overall and per opponent."""
-    by_task = {(r.seed, r.opponent): r for r in records}
-    if len(by_task) != len(records):
-        raise ValueError("exact evaluation needs one record per (seed, opponent)")
-    ev = [0.0] * num_episodes
-    per_opponent: dict[str, list[float]] = {}
-    opp_weight: dict[str, float] = {}
-    invalid = 0
-    for record, weight in zip(records, weights, strict=True):
-        payoffs = [float(e.payoff or 0.0) for e in record.episodes]
-        if len(payoffs) != num_episodes:
-            raise ValueError(
-                f"record {record.uid} played {len(payoffs)} episodes, expected {num_episodes} "
-                "(meta.stop_on_success must be false for the benchmark)"
-            )
-        invalid += sum(t.invalid for t in record.turns)
-        rows = per_opponent.setdefault(record.opponent, [0.0] * num_episodes)
-        opp_weight[record.opponent] = opp_weight.get(record.opponent, 0.0) + weight
-        for k, payoff in enumerate(payoffs):
-            ev[k] += weight * payoff
-            rows[k] += weight * payoff
-    return {
-        "ev_by_episode": ev,
-        "ev_by_opponent": {
-            spec: [v / opp_weight[spec] for v in rows] for spec, rows in per_opponent.items()
-        },
-        "invalid_turns": invalid,
-    }
 
 
 # -- one training run ------------------------------------------------------------------
@@ -306,27 +241,6 @@ def run_method(
 # -- the whole benchmark ---------------------------------------------------------------
 
 
-def reference_values() -> dict[str, dict[str, float]]:
-    """Oracle values of SPEC §9 for the training population, per seat."""
-    from mage_rl.envs import Population
-    from mage_rl.eval.bayes import bayes_last_hand
-    from mage_rl.eval.oracles import kuhn_oracle
-
-    population = Population.parse("kuhn_train", game="kuhn_poker")
-    oracle = kuhn_oracle(population)
-    out: dict[str, dict[str, float]] = {}
-    for index, seat in enumerate(oracle.seats):
-        bayes = bayes_last_hand(population, index, (2, 3, 4, 5))
-        out[seat.seat] = {
-            "nash": seat.nash,
-            "best_fixed": seat.best_fixed,
-            "ceiling": seat.ceiling,
-            "target": (seat.best_fixed + seat.ceiling) / 2,
-            **{f"bayes_last_hand_k{k}": v for k, v in bayes["adaptive"].items()},
-        }
-    return out
-
-
 def bench_adaptation(
     *,
     config: str | Path = DEFAULT_CONFIG,
@@ -342,6 +256,7 @@ def bench_adaptation(
     pretrain: PretrainSettings | None = None,
     minutes: float | None = None,
     log: Callable[[str], None] = print,
+    started: float | None = None,
 ) -> dict[str, Any]:
     """Train every method for every seat and seed; write the results JSON as it goes.
 
@@ -367,9 +282,12 @@ def bench_adaptation(
             method of that seed starts from the result; its seconds are reported beside
             each run's training seconds.
         log: Where progress lines go.
+        started: ``time.time()`` when the command began, for the file's provenance.
 
     Returns:
-        The results document (also written to ``out``).
+        The results document (also written to ``out``). Every run carries a
+        ``provenance`` block (:func:`~mage_rl.provenance.provenance`: torch threads,
+        commit, versions, CPU, command, its wall time), since results depend on them.
     """
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -443,6 +361,7 @@ def bench_adaptation(
                         f"train {point['train_seconds']:7.1f}s  ev@k [{ev}]"
                     )
 
+                run_started = time.time()
                 result = run_method(
                     METHODS[name],
                     seat,
@@ -459,11 +378,12 @@ def bench_adaptation(
                 result["pretrained"] = start_model
                 result["pretrain_seconds"] = pretrain_seconds
                 result["budget_seconds"] = max_seconds
+                result["provenance"] = provenance(started=run_started)
                 runs.append(result)
                 doc["results"][name][seat] = aggregate(runs)
-                doc = save_cell(out, doc, name, seat)
+                doc = save_cell(out, doc, name, seat, started)
             doc["results"][name][seat] = aggregate(runs)
-            doc = save_cell(out, doc, name, seat)
+            doc = save_cell(out, doc, name, seat, started)
     plot_curves(doc, out.with_name(out.stem + "_curves.png"))
     return doc
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.provenance import write_results
+
 SEATS = ("first", "second")
 
 
@@ -33,7 +35,9 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str, Any]:
+def save_cell(
+    path: Path, doc: dict[str, Any], name: str, seat: str, started: float | None = None
+) -> dict[str, Any]:
     """Write the ``results[name][seat]`` cell of ``doc`` into the results file.
 
     Several benchmarks may share one ``--out`` (one per core, say), each with other
@@ -41,8 +45,9 @@ def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str
     cell merged into it, so no benchmark overwrites what another wrote since it started.
     Within the cell, runs are kept per seed: the file's runs of other seeds stay if they
     had the same budget (iterations, time limit with any pretraining, pretrained start or
-    not) and the mean is taken again; runs with another budget are replaced. Returns the
-    document as written.
+    not) and the mean is taken again; runs with another budget are replaced. The file's
+    ``provenance`` is that of this last writer (``started``: when its command began);
+    each run keeps its own. Returns the document as written.
     """
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -58,7 +63,7 @@ def save_cell(path: Path, doc: dict[str, Any], name: str, seat: str) -> dict[str
             merged["setup"]["pretrain"] = pretrained
         cells = merged.setdefault("results", {}).setdefault(name, {})
         cells[seat] = _merge_cell(cells.get(seat), doc["results"][name][seat])
-        _write_json(path, merged)
+        write_results(path, merged, started=started, indent=1)
     finally:
         os.close(folder)  # closing the descriptor releases the lock
     return merged
@@ -83,12 +88,6 @@ def _merge_cell(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, An
         if run["seed"] not in runs and _budget(run) in budgets:
             runs[run["seed"]] = run
     return aggregate([runs[seed] for seed in sorted(runs)])
-
-
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
 
 
 def format_table(doc: dict[str, Any]) -> str:

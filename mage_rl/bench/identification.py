@@ -56,12 +56,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from mage_rl.bench.study_configs import study_config
 from mage_rl.config import TrainConfig, load_config
 
 if TYPE_CHECKING:
     from mage_rl.records import MetaEpisodeRecord
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "kuhn_adaptation_tiny.yaml"
+DEFAULT_CONFIG = study_config()
 ANSWERS = ("PASS", "BET")
 
 

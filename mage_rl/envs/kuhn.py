@@ -181,8 +181,9 @@ CFR_ITERATIONS = 1000
 
 def cache_dir() -> Path:
     """Where solved policies and converted models are cached (``$MAGE_RL_CACHE``)."""
-    root = os.environ.get("MAGE_RL_CACHE") or Path.home() / ".cache" / "mage-rl"
-    return Path(root)
+    from mage_rl.cache import cache_root
+
+    return cache_root()
 
 
 def solve_cfr_policy(iterations: int = CFR_ITERATIONS) -> dict[str, int]:

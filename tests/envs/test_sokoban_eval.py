@@ -3,7 +3,6 @@ the training variant and the unseen ones, and the training configs."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import pytest
 from mage_rl import cli
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.envs import episode_seed, make_env
-from mage_rl.eval import cli as eval_cli
 from mage_rl.eval.harness import records_path
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -22,11 +20,7 @@ FAST += ["--dtype", "fp32", "--no-progress"]
 
 
 def mage(argv: list[str]) -> int:
-    """The real `mage` entry point (with the eval commands hooked in if it lacks them)."""
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if "eval" not in sub.choices:
-        cli._EXTRA_PARSERS.append(eval_cli.register)
+    """The real `mage` entry point."""
     return cli.main(argv)
 
 

@@ -33,16 +33,8 @@ FAST = ["--model", "tiny", "--n", "4", "--episodes", "3", "--max-tokens", "8", "
 FAST += ["--no-progress"]
 
 
-def has_eval_command() -> bool:
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return "eval" in sub.choices
-
-
 def mage(argv: list[str]) -> int:
-    """The real `mage` entry point (with the eval commands hooked in if it lacks them)."""
-    if not has_eval_command():
-        cli._EXTRA_PARSERS.append(eval_cli.register)
+    """The real `mage` entry point."""
     return cli.main(argv)
 
 
@@ -77,6 +69,9 @@ def test_eval_writes_results_table_and_plots(run_dir: Path) -> None:
         assert all(e["low"] <= e["mean"] <= e["high"] for e in cell["success@k"])
         assert {"by_opponent", "by_seat", "by_opponent_seat", "turns"} <= set(cell)
     assert results["oracle"]["kuhn_poker"]["first"]["best_fixed"] == pytest.approx(1 / 12)
+    stamp = results["provenance"]  # what produced the file: mage_rl.provenance
+    assert stamp["torch_threads"] >= 1 and stamp["versions"]["torch"] and stamp["cpu_model"]
+    assert stamp["commit"] and stamp["wall_seconds"] > 0
     table = (run_dir / "table.md").read_text()
     assert "| Method | Kuhn Poker |" in table
     assert "| react |" in table and "| reflexion |" in table
@@ -243,7 +238,20 @@ def test_cli_defaults_match_eval_config() -> None:
         if name in ("agents", "envs"):
             continue
         assert getattr(args, name) == value, name
-    assert args.model == "smollm2" and args.env == []
+    assert args.model == "smollm2" and args.envs == []
+
+
+def test_every_setting_is_a_flag_with_its_help() -> None:
+    from mage_rl.eval.settings import EvalSettings
+
+    parser = argparse.ArgumentParser()
+    eval_cli.register(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["eval"]._actions}
+    for f in dataclasses.fields(EvalSettings):
+        assert actions[f.name].help == f.metadata["help"], f.name
+    assert actions["episodes"].option_strings == ["--episodes", "-k"]
+    assert actions["envs"].option_strings == ["--env"]
 
 
 def test_cli_errors_are_messages(tmp_path, capsys) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -22,14 +21,9 @@ from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 
 
 def mage(argv: list[str]) -> int:
-    """The real `mage` entry point (with the eval commands hooked in if it lacks them)."""
+    """The real `mage` entry point."""
     from mage_rl import cli
-    from mage_rl.eval import cli as eval_cli
 
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if "report" not in sub.choices:
-        cli._EXTRA_PARSERS.append(eval_cli.register)
     return cli.main(argv)
 
 
@@ -158,3 +152,22 @@ def test_formatting() -> None:
     assert fmt_rate({"mean": None, "low": None, "high": None, "n": 0}) == "-"
     assert fmt_mean({"mean": 0.125, "low": -0.31, "high": 0.56, "n": 8}) == "+0.125 [-0.31, +0.56]"
     assert fmt_mean({"mean": -0.5, "low": None, "high": None, "n": 1}) == "-0.500"
+
+
+def test_report_does_not_import_the_harness() -> None:
+    """The report reads run folders; the harness plays and then calls the report. The
+    modules below the harness never import it, so the two cannot form a cycle."""
+    import ast
+
+    import mage_rl.eval
+
+    folder = Path(mage_rl.eval.__file__).parent
+    for name in ("report", "tables", "plots", "run_folder", "conditions", "agents", "settings"):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        assert "mage_rl.eval.harness" not in imported, name

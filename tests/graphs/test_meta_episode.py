@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from mage_rl.graphs import (
 from tests.graphs.conftest import ScriptedChat
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
+UPDATE_SNAPSHOTS = "MAGE_UPDATE_SNAPSHOTS"  # =1 rewrites the topology snapshots
 
 
 def _run(graph, env, llm, seed=1, opponent="kuhn_poker:aggressive"):
@@ -156,6 +158,24 @@ def test_builder_rejects_bad_inputs() -> None:
 def test_topology_snapshot(agent: str) -> None:
     graph = mage_graph() if agent == "mage" else react_graph()
     snapshot = SNAPSHOTS / f"{agent}.mmd"
-    if not snapshot.exists():  # first run writes the snapshot; commit it
+    if os.environ.get(UPDATE_SNAPSHOTS) == "1":  # a deliberate change of topology
         snapshot.write_text(graph.mermaid())
-    assert graph.mermaid() == snapshot.read_text()
+    assert snapshot.exists(), (
+        f"no snapshot {snapshot}; write it with {UPDATE_SNAPSHOTS}=1 python -m pytest "
+        f"{Path(__file__).name}, check the diagram and commit it"
+    )
+    assert graph.mermaid() == snapshot.read_text(), (
+        f"the {agent} graph's topology changed; if that is intended, rewrite the snapshot "
+        f"with {UPDATE_SNAPSHOTS}=1 and commit it"
+    )
+
+
+def test_a_missing_snapshot_fails_until_written_on_purpose(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(globals(), "SNAPSHOTS", tmp_path)
+    monkeypatch.delenv(UPDATE_SNAPSHOTS, raising=False)
+    with pytest.raises(AssertionError, match="no snapshot"):
+        test_topology_snapshot("react")
+    assert list(tmp_path.iterdir()) == []  # nothing written behind the test's back
+    monkeypatch.setenv(UPDATE_SNAPSHOTS, "1")
+    test_topology_snapshot("react")
+    assert (tmp_path / "react.mmd").read_text() == react_graph().mermaid()

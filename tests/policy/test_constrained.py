@@ -15,9 +15,9 @@ from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.constrained import allowed_next, choice_token_ids, restricted_logprobs
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.tiny import build_tiny
+from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.batching import Sample, samples_from_records
 from mage_rl.rl.learner import Learner, LearnerConfig
-from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, record_from_state
 
 CHOICES = ("<action>PASS</action>", "<action>BET</action>")

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 from mage_rl.rl.advantages import (
     AdvantageConfig,
     anchor_id,
@@ -20,7 +21,6 @@ from mage_rl.rl.advantages import (
     grpo_advantages,
     step_level_advantages,
 )
-from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 from mage_rl.rl.returns import ReturnConfig
 
 ENV, SEED, SEAT = "kuhn_poker", 7, 0

@@ -6,8 +6,8 @@ from collections import defaultdict
 
 from mage_rl import runtime
 from mage_rl.config import TrainConfig, load_config
-from mage_rl.rl.advantages import record_group
 from mage_rl.records import MetaEpisodeRecord
+from mage_rl.rl.advantages import record_group
 from mage_rl.rl.rollout import record_from_state
 
 

@@ -1,0 +1,335 @@
+"""The ``mage bench`` sub-commands: one parser per benchmark.
+
+:func:`register` adds ``bench`` to the ``mage`` parser. Each benchmark has its own
+sub-parser with only the flags it reads, so a flag meant for another benchmark is an
+error rather than silently ignored. Every benchmark takes ``--threads`` (torch's
+intra-op threads for the whole command: learning curves on a CPU depend on it, see
+:mod:`mage_rl.provenance`), and every results file goes through
+:func:`~mage_rl.provenance.write_results`, which records the thread count, the commit,
+the package versions, the CPU, the command line and the wall time.
+
+The benchmark modules (models, graphs, OpenSpiel) are imported only when a command runs,
+so ``mage --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+log = logging.getLogger(__name__)
+console = Console()
+
+BENCHMARKS = ("rollout", "learner", "serve", "adaptation", "identification")
+
+
+def apply_threads(threads: int | None) -> int:
+    """Give torch ``threads`` intra-op threads for the rest of the process.
+
+    Set before any model is built, the count holds in every thread torch starts later
+    (the engine's decoding thread included). ``None`` keeps torch's default, one thread
+    per core. Ray rollout workers (``train.backend=ray``) run in their own processes with
+    one thread each whatever this says.
+
+    Returns:
+        The thread count torch now uses.
+
+    Raises:
+        ValueError: On a count below 1.
+    """
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads {threads}: give a thread count >= 1")
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from mage_rl.bench.rollout import bench_rollout, format_rollout_report
+
+    return _measure(
+        args,
+        bench_rollout,
+        format_rollout_report,
+        model=args.model,
+        meta_episodes=args.meta_episodes,
+        env=args.env,
+        episodes=args.episodes,
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        seed=args.seed,
+        rounds=args.rounds,
+    )
+
+
+def _cmd_learner(args: argparse.Namespace) -> int:
+    from mage_rl.bench.learner import bench_learner, format_learner_report
+
+    return _measure(
+        args,
+        bench_learner,
+        format_learner_report,
+        model=args.model,
+        samples=args.samples,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mage_rl.bench.serve import bench_serve, format_serve_report
+
+    return _measure(
+        args,
+        bench_serve,
+        format_serve_report,
+        model=args.model,
+        clients=[int(c) for c in args.clients.split(",")],
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        seed=args.seed,
+        rounds=args.rounds,
+        threads=args.threads,
+    )
+
+
+def _measure(
+    args: argparse.Namespace,
+    bench: Callable[..., dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    **settings: Any,
+) -> int:
+    """Run a throughput benchmark with ``--threads``, print its report, save ``--json``."""
+    started = time.time()
+    apply_threads(args.threads)
+    result = bench(**settings)
+    print(report(result))
+    _save(args, result, started)
+    return 0
+
+
+def _cmd_adaptation(args: argparse.Namespace) -> int:
+    from mage_rl.bench.adaptation import METHODS, bench_adaptation
+    from mage_rl.bench.adaptation_results import format_table
+    from mage_rl.bench.study_configs import study_config
+    from mage_rl.rl.pretrain import PretrainSettings
+
+    methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
+    sizes = {
+        name: value
+        for name, value in (("batches", args.pretrain_batches), ("epochs", args.pretrain_epochs))
+        if value is not None
+    }
+    if sizes and not args.pretrain:
+        raise SystemExit("--pretrain-batches and --pretrain-epochs need --pretrain")
+    started = time.time()
+    apply_threads(args.threads)
+    doc = bench_adaptation(
+        config=args.config or study_config(),
+        methods=methods,
+        seats=args.seats.split(","),
+        seeds=[int(s) for s in args.seeds.split(",")],
+        iterations=args.iterations,
+        eval_every=args.eval_every,
+        out=args.out,
+        overrides=args.set,
+        resume=not args.fresh,
+        runs_dir=args.runs_dir,
+        pretrain=PretrainSettings(**sizes) if args.pretrain else None,
+        minutes=args.minutes,
+        log=console.print,
+        started=started,
+    )
+    print(format_table(doc))
+    console.print(f"results: {args.out}")
+    return 0
+
+
+def _cmd_identification(args: argparse.Namespace) -> int:
+    from mage_rl.bench.identification import bench_identification
+    from mage_rl.bench.study_configs import study_config
+
+    started = time.time()
+    apply_threads(args.threads)
+    result = bench_identification(
+        config=args.config or study_config(),
+        model=args.model,
+        batches=args.batches,
+        epochs=args.epochs,
+        seed=args.seed,
+        overrides=args.set,
+        log=console.print,
+    )
+    console.print(
+        f"{result['model']}: {result['train']} labelled decisions, held-out accuracy "
+        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}); without "
+        f"history at best {result['no_history_accuracy']:.3f}, Bayes "
+        f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
+    )
+    _save(args, result, started)
+    return 0
+
+
+def _save(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
+    """Write the raw result to ``--json`` (when given) with its provenance."""
+    from mage_rl.provenance import write_results
+
+    if args.json:
+        path = write_results(args.json, result, started=started, threads_requested=args.threads)
+        console.print(f"raw result: {path}")
+
+
+# -- parsers -----------------------------------------------------------------------------
+
+
+class _BenchmarkParser(argparse.ArgumentParser):
+    """A benchmark's parser: a flag it does not read is refused here, under its own name
+    (argparse would otherwise hand it back to ``mage``, whose message names no benchmark)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(
+                f"unrecognized arguments: {' '.join(extras)} (this benchmark's flags: "
+                f"{self.prog} --help)"
+            )
+        return parsed, extras
+
+
+def _add_common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for the whole benchmark (default: one per core); recorded in "
+        "the results",
+    )
+    if json:
+        p.add_argument("--json", default=None, help="also write the raw result to this file")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="tiny, smollm2 or an HF model path")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--rounds", type=int, default=1, help="repeat each mode, alternating")
+
+
+def _add_study(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="base config (default: kuhn_adaptation_tiny.yaml, shipped with the package)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and its five benchmarks to the ``mage`` sub-command parser."""
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks measured on this machine (ratios in one run)",
+        description="Throughput benchmarks (rollout, learner, serve) report ratios "
+        "measured back to back in one process; the studies (adaptation, identification) "
+        "train models. See docs/benchmarks.md.",
+    )
+    benches = bench.add_subparsers(
+        dest="what", required=True, metavar="BENCHMARK", parser_class=_BenchmarkParser
+    )
+
+    p = benches.add_parser("rollout", help="batched vs sequential decoding of meta-episodes")
+    _add_model(p)
+    p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
+    p.add_argument("--env", default="kuhn_poker", choices=["kuhn_poker", "tic_tac_toe"])
+    p.add_argument("--episodes", type=int, default=3, help="K")
+    _add_decoding(p)
+    _add_common(p)
+    p.set_defaults(func=_cmd_rollout)
+
+    p = benches.add_parser("learner", help="PPO update throughput, bf16 vs fp32 forward pass")
+    _add_model(p)
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=300)
+    p.add_argument("--response-len", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=2)
+    _add_common(p)
+    p.set_defaults(func=_cmd_learner)
+
+    p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")
+    _add_model(p)
+    p.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
+    p.add_argument("--requests", type=int, default=32, help="chat completions per client count")
+    _add_decoding(p)
+    _add_common(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = benches.add_parser(
+        "adaptation",
+        help="train every method and evaluate it exactly (minutes to hours)",
+        description="Does training on the last episode teach opponent identification? "
+        "Trains each method for each seat and seed on Kuhn Poker and evaluates it exactly "
+        "against every deal sequence (docs/results/adaptation.md).",
+    )
+    _add_study(p)
+    p.add_argument("--methods", default="all", help="comma-separated, or all")
+    p.add_argument("--seats", default="first,second")
+    p.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    p.add_argument("--iterations", type=int, default=60, help="the budget of every run")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="also stop a run after this training time (pretraining included)",
+    )
+    p.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="pretrain the model on game transcripts first (mage pretrain), once per seed",
+    )
+    p.add_argument(
+        "--pretrain-batches", type=int, default=None, help="rollout batches per seat (10)"
+    )
+    p.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--out", default="runs/adaptation/adaptation.json", help="results JSON")
+    p.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
+    p.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
+    _add_common(p, json=False)
+    p.set_defaults(func=_cmd_adaptation)
+
+    p = benches.add_parser(
+        "identification",
+        help="supervised upper bound: can the model learn to read the opponent at all?",
+    )
+    _add_study(p)
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model to collect with and train (default: the config's policy.model)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shuffling seed")
+    p.add_argument(
+        "--batches", type=int, default=20, help="rollout batches of labelled decisions to collect"
+    )
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training decisions")
+    _add_common(p)
+    p.set_defaults(func=_cmd_identification)

@@ -1,0 +1,116 @@
+"""The agents of ``mage eval``: ``STYLE[=MODEL][@LABEL]`` specs.
+
+An agent is a graph style (``react``, ``reflexion``, ``mage`` or any registered agent)
+driving a model (a
+local one, a trained checkpoint, or an OpenAI-compatible endpoint). Its label names it
+in tables, plots and the run folder's ``records/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mage_rl.graphs import AGENT_GRAPHS
+from mage_rl.registry import PLUGIN_HINT
+
+log = logging.getLogger(__name__)
+
+STYLES = ("react", "reflexion", "mage")
+_LABEL = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent under evaluation.
+
+    Attributes:
+        label: Its name in tables, plots and ``records/``.
+        style: The graph that drives the model: ``react``, ``reflexion`` or ``mage``.
+        model: ``tiny``, ``smollm2``, a local HF directory or ``.gguf`` file (e.g. a
+            trained checkpoint), or an OpenAI-compatible endpoint URL.
+        endpoint_model: The model name an endpoint serves (endpoints only).
+    """
+
+    label: str
+    style: str
+    model: str
+    endpoint_model: str | None = None
+
+    @property
+    def is_endpoint(self) -> bool:
+        return self.model.startswith(("http://", "https://"))
+
+
+def parse_agents(
+    texts: Sequence[str],
+    default_model: str,
+    endpoint: str | None = None,
+    endpoint_model: str | None = None,
+) -> list[AgentSpec]:
+    """Parse ``STYLE[=MODEL][@LABEL]`` agent specs.
+
+    ``MODEL`` defaults to ``default_model``; ``endpoint`` means the ``endpoint`` URL. The
+    label defaults to the style, or ``STYLE:MODEL-NAME`` when two agents share a style.
+
+    Raises:
+        ValueError: An unknown style, ``endpoint`` without a URL, or two equal labels.
+    """
+    if not texts:
+        raise ValueError("no agent to evaluate; pass e.g. --agent react --agent reflexion")
+    parsed: list[tuple[str, str, str | None]] = []
+    for text in texts:
+        label = None
+        head, at, tail = text.rpartition("@")
+        if at and head and _LABEL.match(tail):
+            text, label = head, tail
+        style, _, model = text.partition("=")
+        style = style.strip()
+        if style.lower() in STYLES:
+            style = style.lower()
+        if style not in AGENT_GRAPHS:
+            raise ValueError(
+                f"unknown agent style {style!r} in {text!r}; use STYLE[=MODEL][@LABEL] with "
+                f"STYLE a registered agent ({', '.join(AGENT_GRAPHS.names())}). To use your "
+                f"own, {PLUGIN_HINT}"
+            )
+        model = model.strip() or default_model
+        if model == "endpoint":
+            if not endpoint:
+                raise ValueError(f"agent {text!r} needs --endpoint URL (and --endpoint-model)")
+            model = endpoint
+        if model.startswith(("http://", "https://")) and not endpoint_model:
+            raise ValueError(f"agent {text!r} uses an endpoint; name its model: --endpoint-model")
+        parsed.append((style, model, label))
+
+    def short(model: str) -> str:
+        if model.startswith(("http://", "https://")):
+            return str(endpoint_model)
+        return Path(model).name or model
+
+    styles = [style for style, _, _ in parsed]
+    agents = []
+    for style, model, label in parsed:
+        if label is None:
+            label = style if styles.count(style) == 1 else f"{style}:{short(model)}"
+        remote = model.startswith(("http://", "https://"))
+        agents.append(AgentSpec(label, style, model, endpoint_model if remote else None))
+    labels = [a.label for a in agents]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise ValueError(
+                f"two agents are labelled {label!r}; name one with @LABEL, "
+                f"e.g. --agent react=tiny@react-tiny"
+            )
+    for agent in agents:
+        if agent.style == "mage" and agent.model in ("tiny", "smollm2"):
+            log.warning(
+                "agent %s drives the untrained %s with MAGE's graph; pass mage=CHECKPOINT "
+                "to evaluate a trained model",
+                agent.label,
+                agent.model,
+            )
+    return agents

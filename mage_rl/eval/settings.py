@@ -1,0 +1,166 @@
+"""The settings of an evaluation, defined once: defaults, help and command-line flags.
+
+:class:`EvalSettings` is the one definition of what every agent of an evaluation shares
+(environments, opponents, task instances, K, protocol, sampling, token budgets).
+:class:`~mage_rl.eval.conditions.EvalConfig` adds the agents and the checks, and
+``mage eval`` builds its flags from the same fields (:func:`add_arguments`), so a default
+or a help text cannot drift between the Python API and the command line. The module
+imports nothing heavy, so ``mage --help`` stays fast.
+
+The evaluation sampling (:data:`EVAL_TEMPERATURE`, :data:`EVAL_TOP_P`, :data:`EVAL_TOP_K`)
+and seed (:data:`EVAL_SEED`) are also the defaults of the periodic evaluation during
+training (``eval:`` in a training config).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
+
+EVAL_SEED = 2026
+"""Base seed of evaluation task instances (kept apart from training seeds)."""
+
+# The paper's evaluation sampling (SPEC §6).
+EVAL_TEMPERATURE = 0.7
+EVAL_TOP_P = 0.8
+EVAL_TOP_K = 20
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    help: str,  # noqa: A002 - argparse's name for it
+    factory: Any = MISSING,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A settings field: its default, its help text and how ``mage eval`` spells it."""
+    metadata = {"help": help, "flag": flag, "aliases": aliases, "choices": choices}
+    metadata["metavar"] = metavar
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(kw_only=True)
+class EvalSettings:
+    """What every agent of an evaluation shares (see each field's ``help``)."""
+
+    envs: list[str] = setting(
+        factory=lambda: ["kuhn_poker"],
+        flag="--env",
+        metavar="ENV",
+        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, or "
+        "one a plugin registers; one column each in the paper's Table 1 layout; default "
+        "kuhn_poker",
+    )
+    opponents: str = setting(
+        "train",
+        help="opponent set: train (in-distribution: the training populations), unseen "
+        "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes), a preset "
+        "(kuhn_train...) or weighted specs",
+    )
+    n: int = setting(
+        32,
+        help="task instances (seed, opponent, seat) per environment; the paper reports "
+        "128, more narrows the intervals (a rate's half-width is about 1/sqrt(n))",
+    )
+    rollouts: int = setting(
+        1,
+        help="meta-episodes per task instance (above 1 the intervals, which treat "
+        "meta-episodes as independent, come out somewhat too narrow)",
+    )
+    episodes: int = setting(
+        3, aliases=("-k",), help="K, episodes per meta-episode; success@k for k = 1..K"
+    )
+    seed: int = setting(EVAL_SEED, help="base seed of the task instances")
+    seat: str = setting(
+        "sampled",
+        help="agent seat: first, second or sampled (drawn from each task seed); "
+        "single-agent environments (Sokoban) always use their one seat",
+    )
+    protocol: str = setting(
+        "replay",
+        choices=("replay", "fresh"),
+        help="replay: every episode replays one deal/board (paper); fresh: new deal each "
+        "against the same opponent",
+    )
+    stop_on_success: bool = setting(
+        True,
+        help="end a meta-episode at its first win, so success@k is Pass@k (default: on); "
+        "turn off to play all K episodes, e.g. for ev@k",
+    )
+    temperature: float = setting(EVAL_TEMPERATURE, help="sampling temperature (paper eval: 0.7)")
+    top_p: float = setting(EVAL_TOP_P, help="nucleus truncation (paper: 0.8)")
+    top_k: int = setting(EVAL_TOP_K, help="top-k truncation (paper: 20; 0: off)")
+    max_tokens: int = setting(
+        96, help="token budget of a play turn; a longer answer is cut and usually invalid"
+    )
+    reflect_max_tokens: int | None = setting(
+        None, help="token budget of a reflect turn (default: 2 x --max-tokens)"
+    )
+    max_turns: int | None = setting(
+        None, help="agent turns per episode, invalid ones included (default: the game's)"
+    )
+    dtype: str = setting(
+        "auto", choices=("auto", "bf16", "fp32"), help="local models' compute dtype"
+    )
+    level: float = setting(0.95, help="confidence level of the intervals")
+    concurrency: int = setting(
+        16, help="meta-episodes in flight at once (their LLM calls share batches)"
+    )
+    max_batch_size: int = setting(32, help="most requests a local engine decodes together")
+    prompt: str = setting(
+        "standard",
+        choices=("standard", "compact"),
+        help="play-prompt template; evaluate a model with the one it was trained with",
+    )
+    constrain_actions: bool = setting(
+        False,
+        help="constrained decoding on play turns (local models), as policy.constrain_actions "
+        "in training: evaluate a model trained with it the same way",
+    )
+
+
+_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every field of :class:`EvalSettings` (``n`` becomes ``--n``)."""
+    for f in fields(EvalSettings):
+        meta = f.metadata
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        names = [flag, *meta["aliases"]]
+        common: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        if meta["metavar"]:
+            common["metavar"] = meta["metavar"]
+        kind = str(f.type)  # an annotation string, under `from __future__ import annotations`
+        if kind == "bool":
+            parser.add_argument(
+                *names, action=argparse.BooleanOptionalAction, default=f.default, **common
+            )
+        elif kind.startswith("list["):
+            # Repeatable; nothing given means the field's default (see settings_from_args).
+            parser.add_argument(*names, action="append", default=[], **common)
+        else:
+            parser.add_argument(
+                *names, type=_TYPES[kind], default=f.default, choices=meta["choices"], **common
+            )
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`EvalSettings` fields of parsed ``mage eval`` arguments, as keywords."""
+    values = {}
+    for f in fields(EvalSettings):
+        value = getattr(args, f.name)
+        if isinstance(value, list) and not value:
+            value = _default(f)
+        values[f.name] = value
+    return values
+
+
+def _default(f: Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default

@@ -1,0 +1,234 @@
+"""The markdown tables of an evaluation report (``table.md``).
+
+:func:`render_markdown` lays out one or several runs' results (:mod:`mage_rl.eval.report`)
+as the paper's Table 1 (methods x tasks, success@K), then per environment success@k per
+k with answer quality, success@K per opponent and seat, and for Kuhn Poker ev@k beside the
+oracle's best-fixed and ceiling values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+ENV_TITLES = {"kuhn_poker": "Kuhn Poker", "tic_tac_toe": "Tic-Tac-Toe", "sokoban": "Sokoban"}
+SEATS = ("first", "second")
+
+
+def fmt_rate(est: dict[str, Any] | None) -> str:
+    """``0.375 [0.14, 0.69]`` for a rate estimate; ``-`` when there is none."""
+    if not est or est.get("mean") is None:
+        return "-"
+    if est.get("low") is None:
+        return f"{est['mean']:.3f}"
+    return f"{est['mean']:.3f} [{est['low']:.2f}, {est['high']:.2f}]"
+
+
+def fmt_mean(est: dict[str, Any] | None) -> str:
+    """``+0.125 [-0.31, +0.56]`` for a signed mean estimate."""
+    if not est or est.get("mean") is None:
+        return "-"
+    if est.get("low") is None:
+        return f"{est['mean']:+.3f}"
+    return f"{est['mean']:+.3f} [{est['low']:+.2f}, {est['high']:+.2f}]"
+
+
+def fmt_share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def short_opponent(spec: str) -> str:
+    """``kuhn_poker:conservative`` -> ``conservative``."""
+    return spec.split(":", 1)[1] if ":" in spec else spec
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], text: int = 1) -> list[str]:
+    """A markdown table; the first ``text`` columns are left-aligned, numbers right."""
+    align = [":--"] * text + ["--:"] * (len(header) - text)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def agent_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any], str]]:
+    """(row name, run, agent label) for every agent; the run name is appended to labels
+    that occur in more than one run."""
+    labels = [a["label"] for run in runs for a in run["agents"]]
+    out = []
+    for run in runs:
+        for agent in run["agents"]:
+            label = agent["label"]
+            name = label if labels.count(label) == 1 else f"{label} ({run['name']})"
+            out.append((name, run, label))
+    return out
+
+
+def run_envs(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Every environment of the runs, in the order they first appear."""
+    envs: list[str] = []
+    for run in runs:
+        envs += [e for e in run["conditions"]["envs"] if e not in envs]
+    return envs
+
+
+def result_cell(run: dict[str, Any], label: str, env: str) -> dict[str, Any] | None:
+    """One agent's results on one environment, or ``None`` when it did not play it."""
+    return run["results"].get(label, {}).get(env)
+
+
+def _mark(cell: dict[str, Any]) -> str:
+    return "" if cell.get("complete", True) else f" ({cell['n']}/{cell['expected']})"
+
+
+def _conditions_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
+    lines = []
+    for run in runs:
+        c = run["conditions"]
+        agents = ", ".join(
+            f"{a['label']} = {a['style']} on {a.get('endpoint_model') or a['model']}"
+            for a in run["agents"]
+        )
+        lines.append(
+            f"- `{run['name']}`: {agents}. Opponents `{c['opponents']}`, n = {c['n']} task "
+            f"instances x {c['rollouts']} rollout(s) per environment (base seed {c['seed']}, "
+            f"seat {c['seat']}), K = {c['episodes']}, protocol {c['protocol']}, "
+            f"stop_on_success {c['stop_on_success']}; sampling temperature "
+            f"{c['temperature']}, top-p {c['top_p']}, top-k {c['top_k']}; max_tokens "
+            f"{c['max_tokens']} (reflect {c['reflect_max_tokens']}); {c['level']:.0%} "
+            "intervals."
+        )
+    return lines
+
+
+def render_markdown(runs: Sequence[dict[str, Any]]) -> str:
+    """The report's tables as markdown (see the module docstring)."""
+    envs = run_envs(runs)
+    rows = agent_rows(runs)
+    out = ["# Evaluation", "", *_conditions_lines(runs), ""]
+    ks = {run["conditions"]["episodes"] for run in runs}
+    k_text = f"K = {ks.pop()}" if len(ks) == 1 else "each run's K"
+    out += [
+        f"## Success rate (success@K, {k_text}), laid out like the paper's Table 1",
+        "",
+        "Wilson intervals in brackets; (m/n) marks an unfinished cell.",
+        "",
+    ]
+    table = []
+    for name, run, label in rows:
+        cells = []
+        for env in envs:
+            cell = result_cell(run, label, env)
+            cells.append(fmt_rate(cell["success@k"][-1]) + _mark(cell) if cell else "-")
+        table.append([name, *cells])
+    out += _table(["Method", *(ENV_TITLES.get(e, e) for e in envs)], table) + [""]
+
+    for env in envs:
+        title = ENV_TITLES.get(env, env)
+        kmax = max(
+            run["conditions"]["episodes"] for run in runs if env in run["conditions"]["envs"]
+        )
+        out += [f"## {title}", "", "### success@k and answer quality", ""]
+        header = ["Agent", *(f"success@{k}" for k in range(1, kmax + 1))]
+        header += ["draw@K", "n", "invalid share", "cut by max_tokens", "no <remark>"]
+        table = []
+        for name, run, label in rows:
+            cell = result_cell(run, label, env)
+            if not cell:
+                continue
+            succ = [fmt_rate(e) for e in cell["success@k"]]
+            succ += ["-"] * (kmax - len(succ))
+            turns = cell["turns"]
+            table.append(
+                [
+                    name,
+                    *succ,
+                    fmt_rate(cell["draw@k"][-1]),
+                    f"{cell['n']}{_mark(cell)}",
+                    fmt_share(turns["invalid_share"]),
+                    fmt_share(turns["truncated_share"]),
+                    fmt_share(turns["reflect_invalid_share"]),
+                ]
+            )
+        out += _table(header, table) + [""]
+        out += [
+            "invalid share: play turns with no parsable, legal `<action>`; cut by "
+            "max_tokens: play turns that hit the token budget; no <remark>: reflect turns "
+            "without a reflection tag.",
+            "",
+            "### success@K per opponent and seat",
+            "",
+        ]
+        header = ["Agent", "opponent", "seat", "n", "success@K", "draw@K"]
+        table = []
+        for name, run, label in rows:
+            cell = result_cell(run, label, env)
+            if not cell:
+                continue
+            for key, sub in cell["by_opponent_seat"].items():
+                opponent, seat = key.rsplit("|", 1)
+                table.append(
+                    [
+                        name,
+                        short_opponent(opponent),
+                        seat,
+                        str(sub["n"]),
+                        fmt_rate(sub["success@k"][-1]),
+                        fmt_rate(sub["draw@k"][-1]),
+                    ]
+                )
+        out += _table(header, table, text=3) + [""]
+        if env == "kuhn_poker":
+            out += _kuhn_ev_section(runs, rows, kmax)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _kuhn_ev_section(
+    runs: Sequence[dict[str, Any]], rows: Sequence[tuple[str, dict[str, Any], str]], kmax: int
+) -> list[str]:
+    """ev@k per agent and seat, beside the oracle's best-fixed and ceiling values."""
+    out = [
+        "### Kuhn Poker chips per hand (ev@k) beside the oracle",
+        "",
+        "Student-t intervals. best fixed: the most a single strategy earns against the "
+        "population when the opponent is unknown; ceiling: what knowing the opponent "
+        "earns (SPEC §9, fresh deals). Per opponent, both are the best response to it. "
+        "Rows `all` weigh the seats by their share of task instances. With "
+        "stop_on_success, ev@k for k > 1 averages only the meta-episodes not yet won, and "
+        "under the replay protocol every episode replays one deal, so compare ev@1 with "
+        "best fixed, and ev@K with the ceiling only for `--protocol fresh "
+        "--no-stop-on-success` runs. hands@1: first hands that reached a showdown or "
+        "fold; hands abandoned after invalid answers have no chip payoff and are left out "
+        "of ev@k (they are counted in the invalid share).",
+        "",
+    ]
+    header = ["Agent", "opponent", "seat", *(f"ev@{k}" for k in range(1, kmax + 1))]
+    header += ["hands@1", "best fixed", "ceiling"]
+    table = []
+    for name, run, label in rows:
+        cell = result_cell(run, label, "kuhn_poker")
+        oracle = run.get("oracle", {}).get("kuhn_poker")
+        if not cell or not oracle:
+            continue
+        share = run["seat_share"]["kuhn_poker"]
+        groups: list[tuple[str, str, dict[str, Any], str | None]] = [("all", "all", cell, None)]
+        if len(cell["by_seat"]) > 1:  # with one seat its row would repeat the first
+            groups += [("all", s, cell["by_seat"][s], s) for s in SEATS if s in cell["by_seat"]]
+        for key, sub in cell["by_opponent_seat"].items():
+            opponent, seat = key.rsplit("|", 1)
+            groups.append((opponent, seat, sub, seat))
+        for opponent, seat, sub, seat_key in groups:
+            ev = sub.get("ev@k", [])
+            evs = [fmt_mean(e) for e in ev] + ["-"] * (kmax - len(ev))
+            hands = str(ev[0]["n"]) if ev else "0"
+            if opponent != "all":
+                br = oracle[seat]["best_response"].get(opponent)
+                refs = [f"{br:+.4f}"] * 2 if br is not None else ["-", "-"]
+            elif seat_key is None:
+                refs = [
+                    f"{sum(share[s] * oracle[s][k] for s in SEATS):+.4f}"
+                    for k in ("best_fixed", "ceiling")
+                ]
+            else:
+                refs = [f"{oracle[seat_key][k]:+.4f}" for k in ("best_fixed", "ceiling")]
+            table.append([name, short_opponent(opponent), seat, *evs, hands, *refs])
+    return [*out, *_table(header, table, text=3), ""]

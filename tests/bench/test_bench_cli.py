@@ -1,0 +1,101 @@
+"""``mage bench``: one parser per benchmark, ``--threads`` honoured and recorded.
+
+``tests/bench/test_adaptation.py`` runs ``mage bench adaptation --threads 1`` end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from mage_rl.bench.cli import BENCHMARKS
+from mage_rl.cli import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """``--threads`` holds for the rest of the process; the other tests get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def bench_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", *argv])
+
+
+# Every flag of the single `mage bench` parser this replaced, with its default, now on
+# the benchmarks that read it.
+DEFAULTS = {
+    "rollout": dict(
+        model="smollm2", seed=0, json=None, threads=None, meta_episodes=16,
+        env="kuhn_poker", episodes=3, max_tokens=32, dtype="auto", rounds=1,
+    ),
+    "learner": dict(
+        model="smollm2", seed=0, json=None, threads=None, samples=16, prompt_len=300,
+        response_len=40, repeats=2,
+    ),
+    "serve": dict(
+        model="smollm2", seed=0, json=None, threads=None, clients="1,16", requests=32,
+        max_tokens=32, dtype="auto", rounds=1,
+    ),
+    "adaptation": dict(
+        config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
+        iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
+        pretrain_epochs=None, eval_every=10, out="runs/adaptation/adaptation.json",
+        runs_dir=None, fresh=False,
+    ),
+    "identification": dict(
+        config=None, set=[], model=None, seed=0, json=None, threads=None, batches=20, epochs=3,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", BENCHMARKS)
+def test_each_benchmark_keeps_its_flags_and_defaults(what: str) -> None:
+    args = vars(bench_args([what]))
+    top = ("command", "verbose", "plugin", "what", "func")  # the top-level parser's own
+    own = {k: v for k, v in args.items() if k not in top}
+    assert own == DEFAULTS[what]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["learner", "--clients", "1,4"], "--clients"),
+        (["rollout", "--samples", "4"], "--samples"),
+        (["serve", "--iterations", "3"], "--iterations"),
+        (["adaptation", "--model", "tiny"], "--model"),
+        (["adaptation", "--json", "x.json"], "--json"),
+        (["identification", "--methods", "mage"], "--methods"),
+    ],
+)
+def test_a_flag_another_benchmark_reads_is_an_error(argv, flag, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"mage bench {argv[0]}: error: unrecognized arguments: {flag}" in err
+
+
+def test_learner_json_records_threads(tmp_path) -> None:
+    out = tmp_path / "learner.json"
+    argv = ["bench", "learner", "--model", "tiny", "--samples", "2", "--prompt-len", "8"]
+    argv += ["--response-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["torch_threads"] == 1
+    assert doc["provenance"]["torch_threads"] == 1
+    assert doc["provenance"]["threads_requested"] == 1
+
+
+@pytest.mark.parametrize("what", ["adaptation", "identification", "learner"])
+def test_threads_below_one_are_refused(what: str, tmp_path, capsys) -> None:
+    out = tmp_path / "never.json"
+    target = ["--out", str(out)] if what == "adaptation" else ["--json", str(out)]
+    assert main(["bench", what, "--threads", "0", *target]) == 2
+    assert "--threads 0: give a thread count >= 1" in capsys.readouterr().out
+    assert not out.exists()
