@@ -363,35 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.set_defaults(func=_cmd_pretrain)
 
+    # Commands whose parsers live beside their code (imported late: they pull in more).
     from mage_rl.bench.cli import register as register_bench
+    from mage_rl.eval.cli import register as register_eval
+    from mage_rl.serve.cli import register as register_serve
 
-    register_bench(sub)
-
-    for register in _EXTRA_PARSERS:
+    for register in (register_eval, register_serve, register_bench):
         register(sub)
     return parser
-
-
-# Later sub-commands (rollout, train, eval, serve, bench) add themselves here.
-_EXTRA_PARSERS: list[Callable[[argparse._SubParsersAction], None]] = []
-
-
-def _register_eval(sub: argparse._SubParsersAction) -> None:
-    from mage_rl.eval.cli import register
-
-    register(sub)
-
-
-_EXTRA_PARSERS.append(_register_eval)
-
-
-def _register_serve(sub: argparse._SubParsersAction) -> None:
-    from mage_rl.serve.cli import register
-
-    register(sub)
-
-
-_EXTRA_PARSERS.append(_register_serve)
 
 
 def _load_plugins(argv: Sequence[str] | None) -> int:
