@@ -76,3 +76,10 @@ def test_bad_population_weight_and_seat() -> None:
         resolve_seat("middle", 0)
     assert {resolve_seat("sampled", s) for s in range(20)} == {0, 1}
     assert resolve_seat("second", 0) == 1
+
+
+def test_bare_names_with_arguments_take_the_game_prefix() -> None:
+    # "mcts:300" is an opponent of the game, not a game called "mcts".
+    population = Population.parse("mcts:300=1,random=1", game="ttt")
+    assert population.specs == ["tic_tac_toe:mcts:300", "tic_tac_toe:random"]
+    assert Population.parse("kuhn:cfr=1", game="ttt").specs == ["kuhn_poker:cfr"]
