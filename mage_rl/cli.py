@@ -181,13 +181,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     training = {"returns", "advantages", "learner", "eval", "train"} & set(raw)
     cfg = load_config(args.config, args.set, TrainConfig if training else RunConfig)
     engine = runtime.build_engine(cfg.policy)
-    llm = runtime.chat_model(
-        engine,
-        temperature=cfg.policy.temperature,
-        top_p=cfg.policy.top_p,
-        top_k=cfg.policy.top_k,
-        max_tokens=cfg.policy.max_tokens,
-    )
+    llm = runtime.rollout_chat_model(cfg, engine)
     tasks = runtime.tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed)
     try:
         with Progress(console=console) as progress:

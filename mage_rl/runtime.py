@@ -67,6 +67,26 @@ def chat_model(
     )
 
 
+def rollout_chat_model(cfg: RunConfig, engine: Any) -> Any:
+    """The chat model of training rollouts: the config's ``policy`` sampling settings."""
+    p = cfg.policy
+    return chat_model(
+        engine, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens
+    )
+
+
+def eval_chat_model(cfg: Any, engine: Any) -> Any:
+    """The chat model of periodic evaluation: the ``eval`` section's sampling settings."""
+    e = cfg.eval
+    return chat_model(
+        engine,
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_tokens=cfg.policy.max_tokens,
+    )
+
+
 def population(cfg: RunConfig) -> Population:
     """The config's opponent population."""
     return Population.parse(cfg.env.population, game=cfg.env.name)

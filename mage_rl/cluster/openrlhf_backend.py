@@ -217,20 +217,8 @@ class OpenRLHFTrainer(Trainer):
         )
         self.engine = _Engines()
         self.graph = runtime.build_graph(cfg)
-        self.train_llm = runtime.chat_model(
-            self.policy,
-            temperature=cfg.policy.temperature,
-            top_p=cfg.policy.top_p,
-            top_k=cfg.policy.top_k,
-            max_tokens=cfg.policy.max_tokens,
-        )
-        self.eval_llm = runtime.chat_model(
-            self.policy,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            top_k=cfg.eval.top_k,
-            max_tokens=cfg.policy.max_tokens,
-        )
+        self.train_llm = runtime.rollout_chat_model(cfg, self.policy)
+        self.eval_llm = runtime.eval_chat_model(cfg, self.policy)
         self.loop = make_ppo_loop(
             strategy, self.actor_group, self.ref_group, self.vllm_engines, self.tokenizer
         )

@@ -78,13 +78,7 @@ class RolloutWorker:
             name=f"{self.cfg.policy.model}#{index}",
         )
         self.graph = runtime.build_graph(self.cfg)
-        self.llm = runtime.chat_model(
-            self.engine,
-            temperature=self.cfg.policy.temperature,
-            top_p=self.cfg.policy.top_p,
-            top_k=self.cfg.policy.top_k,
-            max_tokens=self.cfg.policy.max_tokens,
-        )
+        self.llm = runtime.rollout_chat_model(self.cfg, self.engine)
 
     def vocab_digest(self) -> str:
         """See :func:`vocab_digest`."""

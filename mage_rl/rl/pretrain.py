@@ -112,13 +112,7 @@ def collect_transcripts(
     """
     from mage_rl import runtime
 
-    llm = runtime.chat_model(
-        engine,
-        temperature=cfg.policy.temperature,
-        top_p=cfg.policy.top_p,
-        top_k=cfg.policy.top_k,
-        max_tokens=cfg.policy.max_tokens,
-    )
+    llm = runtime.rollout_chat_model(cfg, engine)
     sequences: list[list[int]] = []
     for seat, seat_cfg in zip(seats, seat_configs(cfg, seats), strict=True):
         graph = runtime.build_graph(seat_cfg)
