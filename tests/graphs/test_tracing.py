@@ -128,17 +128,23 @@ def test_builtin_agents_samples_are_unchanged() -> None:
                 records, ReturnConfig(invalid_penalty=2.0), AdvantageConfig()
             )
             rows = [
-                (t.kind, t.episode, t.step, len(t.prompt_ids), t.response_ids,
-                 [round(v, 5) for v in t.logprobs], t.invalid, round(float(a), 6))
-                for r, advs in zip(records, advantages, strict=True)
-                for t, a in zip(r.turns, advs, strict=True)
-            ]  # fmt: skip
+                (t.kind, t.episode, t.step, len(t.prompt_ids), t.response_ids, t.invalid)
+                for r in records
+                for t in r.turns
+            ]
             expected = [
                 (g["kind"], g["episode"], g["step"], g["prompt_len"], g["response_ids"],
-                 g["logprobs"], g["invalid"], g["advantage"])
+                 g["invalid"])
                 for g in golden[name]
             ]  # fmt: skip
-            assert rows == expected, name
+            assert rows == expected, name  # the same calls and tokens, exactly
+            # Log-probs and advantages to float tolerance: the batch a request lands in
+            # moves the logits' last bits (docs/policy.md).
+            got = [v for r in records for t in r.turns for v in t.logprobs]
+            want = [v for g in golden[name] for v in g["logprobs"]]
+            assert got == pytest.approx(want, abs=2e-4), name
+            flat = [a for advs in advantages for a in advs]
+            assert flat == pytest.approx([g["advantage"] for g in golden[name]], abs=1e-5), name
 
 
 class PlanAct(TypedDict, total=False):
