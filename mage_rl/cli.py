@@ -210,10 +210,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mage_rl.cluster.backends import trainer_class
     from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.run_folder import latest_checkpoint
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
     cfg = load_config(args.config, overrides, TrainConfig)
@@ -224,8 +223,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         run_dir = Path(cfg.train.out_dir) / name
         # A fresh run never lands on an old one: runs/NAME, runs/NAME-2, runs/NAME-3, ...
+        # A folder without a complete checkpoint holds no run (it is started over in).
         n = 1
-        while not args.resume and (run_dir / "metrics.jsonl").exists():
+        while not args.resume and latest_checkpoint(run_dir) is not None:
             n += 1
             run_dir = Path(cfg.train.out_dir) / f"{name}-{n}"
     trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
@@ -366,9 +366,9 @@ def _bench_adaptation(args: argparse.Namespace) -> int:
 
 def _write_json(path: str, result: object) -> None:
     """A benchmark's raw result as JSON, creating the folder it goes into."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(result, indent=2, default=str))
+    from mage_rl.fileio import atomic_write_json
+
+    atomic_write_json(path, result, default=str)
 
 
 def _bench_identification(args: argparse.Namespace) -> int:

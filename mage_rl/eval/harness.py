@@ -44,6 +44,7 @@ from mage_rl.envs import (
     make_env,
     resolve_seat,
 )
+from mage_rl.fileio import atomic_write_json, atomic_write_lines
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
 from mage_rl.policy.chat_model import SeededChatModel
 from mage_rl.rl.records import MetaEpisodeRecord
@@ -305,13 +306,6 @@ def eval_tasks(cfg: EvalConfig) -> dict[str, list[TaskInstance]]:
 # -- run folder --------------------------------------------------------------------------
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a temp file renamed into place)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def tasks_document(cfg: EvalConfig, tasks: dict[str, list[TaskInstance]]) -> dict[str, Any]:
     """``tasks.json``: per environment the population and every task instance."""
     out = {}
@@ -373,8 +367,8 @@ def prepare_run_dir(
         "conditions": cfg.conditions(),
         "agents": [asdict(a) for a in agents],
     }
-    _write_json(config_path, document)
-    _write_json(tasks_path, tasks_doc)
+    atomic_write_json(config_path, document)
+    atomic_write_json(tasks_path, tasks_doc)
     return agents
 
 
@@ -410,9 +404,7 @@ class RecordLog:
                 torn = True
         if torn:
             log.warning("%s: dropping a partly written last line", self.path)
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(r.to_json() + "\n" for r in records))
-            os.replace(tmp, self.path)
+            atomic_write_lines(self.path, (r.to_json() + "\n" for r in records))
         return records
 
     def append(self, record: MetaEpisodeRecord) -> None:

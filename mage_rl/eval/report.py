@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mage_rl.eval.metrics import summarize_with_intervals
+from mage_rl.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -413,9 +413,7 @@ def write_plots(runs: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None) -> Path:
