@@ -106,9 +106,10 @@ class KuhnRules(GameRules):
         return ACTION_NAMES[action]
 
     def parse(self, text: str, state: pyspiel.State, seat: int) -> int | str:
-        word = text.strip().strip(".!").upper()
-        if word in _SYNONYMS:
-            return _SYNONYMS[word]
+        # ASCII case-insensitive only: str.upper() folds Unicode too ("paſſ" -> "PASS").
+        word = text.strip(" \t\r\n").strip(".!")
+        if word.isascii() and word.upper() in _SYNONYMS:
+            return _SYNONYMS[word.upper()]
         return f"{text.strip()[:40]!r} is not an action; write PASS or BET"
 
     def describe_move(self, state: pyspiel.State, player: int, action: int, seat: int) -> str:
