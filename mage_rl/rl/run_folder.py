@@ -212,7 +212,8 @@ def retire_checkpoints(
         for part in parts:
             if part.exists():
                 target = part.with_name(RETIRED_PREFIX + part.name)
-                shutil.rmtree(target, ignore_errors=True)
+                if target.exists():  # left by a retirement a kill interrupted
+                    shutil.rmtree(target, ignore_errors=True)
                 part.rename(target)
                 moved.append(target)
         for target in moved:

@@ -64,14 +64,15 @@ def check_tasks(cfg: TrainConfig) -> None:
         ValueError: What is wrong, naming the config key.
     """
     from mage_rl import runtime
-    from mage_rl.envs import make_env
+    from mage_rl.envs import make_env, resolve_seat
 
     try:
-        tasks, _ = runtime.training_tasks(cfg, 0)
-        if cfg.eval.tasks:
-            tasks += runtime.tasks_for(cfg, 1, cfg.eval.seed)
+        resolve_seat(cfg.env.seat, 0)
     except ValueError as exc:
-        raise ValueError(f"env.seat / env.population: {exc}") from None
+        raise ValueError(f"env.seat={cfg.env.seat!r}: {exc}") from None
+    tasks, _ = runtime.training_tasks(cfg, 0)
+    if cfg.eval.tasks:
+        tasks += runtime.tasks_for(cfg, 1, cfg.eval.seed)
     for task in tasks[:1] + tasks[-1:]:
         env = make_env(cfg.env.name, task.opponent, seat=task.seat, max_turns=cfg.env.max_turns)
         env.reset(task.seed)
