@@ -241,3 +241,14 @@ def test_resume_config_check_names_each_fixed_key(tmp_path: Path) -> None:
     assert "learner.lr (saved 0.0001, now 0.5)" in message
     assert "learner.betas (saved [0.9, 0.999], now [0.9, 0.95])" in message
     assert "iter_000003" in message and "policy.model=" in message
+
+
+def test_a_checkpoint_of_another_model_size_is_named_not_a_traceback(tmp_path: Path) -> None:
+    from mage_rl.policy.models import load_model
+    from mage_rl.rl.learner import Learner, LearnerConfig
+
+    small, _ = load_model("tiny", dtype="fp32")
+    Learner(small, LearnerConfig(dtype="fp32")).save(tmp_path / "iter_000001")
+    wider, _ = load_model("tiny:hidden=96", dtype="fp32")
+    with pytest.raises(ValueError, match="another size than policy.model.*config.yaml"):
+        Learner(wider, LearnerConfig(dtype="fp32")).load(tmp_path / "iter_000001")
