@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -203,10 +204,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mage_rl.cluster.backends import trainer_class
     from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.run_folder import latest_checkpoint
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
     cfg = load_config(args.config, overrides, TrainConfig)
@@ -217,8 +217,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         run_dir = Path(cfg.train.out_dir) / name
         # A fresh run never lands on an old one: runs/NAME, runs/NAME-2, runs/NAME-3, ...
+        # A folder without a complete checkpoint holds no run (it is started over in).
         n = 1
-        while not args.resume and (run_dir / "metrics.jsonl").exists():
+        while not args.resume and latest_checkpoint(run_dir) is not None:
             n += 1
             run_dir = Path(cfg.train.out_dir) / f"{name}-{n}"
     trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)

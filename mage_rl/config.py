@@ -1,15 +1,19 @@
 """Typed configuration loaded from YAML.
 
 Every section is a pydantic model that rejects unknown keys, so a typo fails at load
-time with the key's name instead of being silently ignored. Cross-field rules are
-checked on load with a message that says how to fix them. ``--set a.b=value`` overrides
-are applied to the raw YAML mapping before validation, so they are checked the same way.
+time with the key's name (and the valid keys of its section) instead of being silently
+ignored. Cross-field rules are checked on load with a message that says how to fix them.
+``--set a.b=value`` overrides are applied to the raw YAML mapping before validation, so
+they are checked the same way. A config file must name its model (``policy.model``);
+YAML syntax errors and duplicate keys are reported with the file and line.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -145,12 +149,19 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from mage_rl.envs import Population, canonical_game, env_spec
+        from mage_rl.envs import POPULATION_PRESETS, Population, canonical_game, env_spec
         from mage_rl.graphs import AGENT_GRAPHS
 
         self.env.name = canonical_game(self.env.name)
         AGENT_GRAPHS.canonical(self.meta.agent)
-        population = Population.parse(self.env.population, game=self.env.name)
+        try:
+            population = Population.parse(self.env.population, game=self.env.name)
+        except (ValueError, KeyError) as exc:
+            raise ValueError(
+                f"env.population={self.env.population!r} is neither a preset "
+                f"({', '.join(POPULATION_PRESETS.names())}) nor a list of opponent specs: "
+                f"{str(exc).strip(chr(34) + chr(39))}"
+            ) from None
         for spec in population.specs:
             if canonical_game(spec.split(":")[0]) != self.env.name:
                 raise ValueError(
@@ -227,34 +238,124 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (YAML 1.2 forbids
+    it; PyYAML would keep the last value silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one section (lines {seen[key]} and "
+                    f"{line}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """The top-level mapping of a config file, or a ``ValueError`` naming file and line."""
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        started = getattr(exc, "context_mark", None)
+        if context and started is not None:
+            context += f" started at line {started.line + 1}"
+        detail = f"{problem} ({context})" if context else problem
+        raise ValueError(f"{where}: not valid YAML: {detail}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if data is None:
+        raise ValueError(
+            f"{path} is empty; a config names at least its model, e.g. 'policy: {{model: "
+            "tiny}' (see configs/ for complete examples)"
+        )
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def _section_fields(cls: Any, loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names of the section at ``loc`` inside ``cls``, if it is a section."""
+    for key in loc:
+        if isinstance(cls, type) and issubclass(cls, BaseModel):
+            field = cls.model_fields.get(str(key))
+            cls = field.annotation if field else None
+        elif dataclasses.is_dataclass(cls):
+            types = {f.name: f.type for f in dataclasses.fields(cls)}
+            cls = types.get(str(key))
+        else:
+            return None
+        if get_origin(cls) is not None:  # Optional[Section] and the like
+            cls = next((a for a in get_args(cls) if isinstance(a, type)), None)
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return None
+
+
+def _describe(err: Any, cls: type[BaseModel]) -> str:
+    loc = tuple(err["loc"])
+    where = ".".join(str(p) for p in loc) or "(config)"
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument") and loc:
+        valid = _section_fields(cls, loc[:-1])
+        if valid is not None:
+            section = ".".join(str(p) for p in loc[:-1]) or "the top level"
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return f"  {where}: unknown key{hint} Valid keys of {section}: {', '.join(valid)}"
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    return f"  {where}: {message}"
+
+
 def load_config(
     path: str | Path | None, overrides: list[str] | None = None, cls: type[BaseModel] = RunConfig
 ) -> Any:
     """Load and validate a YAML config, with ``key=value`` overrides applied first.
 
+    A file must set ``policy.model`` (in the file or by an override): a config that
+    forgets its model would otherwise train the default one.
+
     Raises:
-        ValueError: An unknown key, a bad value or a broken cross-field rule; the
-            message names the key.
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: A YAML syntax error or duplicate key (file and line named), an empty
+            file, no ``policy.model``, an unknown key (the section's valid keys listed), a
+            bad value or a broken cross-field rule; the message names the key.
     """
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.exists():
+        if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the top level must be a mapping of sections")
+        data = _read_yaml(path)
     for key, value in parse_overrides(overrides or []):
         _set_path(data, key, value)
+    policy = data.get("policy")
+    named = isinstance(policy, dict) and "model" in policy
+    if path is not None and "policy" in cls.model_fields and not named:
+        raise ValueError(
+            f"{path} does not name its model: add 'policy:' with 'model: tiny', "
+            "'model: smollm2' or 'model: PATH/TO/HF_MODEL' (or --set policy.model=...)"
+        )
     if path is not None:
         data[BASE_DIR_KEY] = str(Path(path).resolve().parent)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(config)"
-            lines.append(f"  {where}: {err['msg']}")
+        lines = [_describe(err, cls) for err in exc.errors()]
         source = f" in {path}" if path else ""
         raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None
 

@@ -95,9 +95,7 @@ def load_plugin(spec: str, base_dir: str | Path | None = None) -> ModuleType:
         except BaseException as err:
             sys.modules.pop(name, None)
             where = spec if spec == str(path) else f"{spec} ({path})"
-            raise PluginError(
-                f"plugin {where} failed to load:\n{traceback.format_exc()}"
-            ) from err
+            raise PluginError(f"plugin {where} failed to load:\n{traceback.format_exc()}") from err
         _LOADED[key] = module
         return module
     if spec in _LOADED and _LOADED[spec] is not None:

@@ -18,7 +18,6 @@ is written by :func:`write_results`, which adds a ``provenance`` block:
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
@@ -29,6 +28,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from mage_rl.fileio import atomic_write_json
 
 PROVENANCE_KEY = "provenance"
 """Key of the provenance block in a results document."""
@@ -169,10 +170,7 @@ def write_results(
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     doc[PROVENANCE_KEY] = provenance(started=started, argv=argv, **extra)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=indent, default=str) + "\n")
-    os.replace(tmp, target)
-    return target
+    return atomic_write_json(target, doc, indent=indent, default=str)
 
 
 def _iso(stamp: float) -> str:

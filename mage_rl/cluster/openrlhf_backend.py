@@ -30,22 +30,25 @@ folder reads this one too. See docs/cluster.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from mage_rl.cluster.deps import require
 from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
 from mage_rl.config import TrainConfig
+from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.metrics_log import MetricsLogger
-from mage_rl.rl.trainer import STATE_FILE, Trainer, _atomic_write, latest_checkpoint
+from mage_rl.rl.run_folder import (
+    STATE_FILE,
+    retire_checkpoints,
+    start_checkpoint,
+    write_run_config,
+)
+from mage_rl.rl.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -137,18 +140,11 @@ class OpenRLHFTrainer(Trainer):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.show_progress = progress
-        if resume and latest_checkpoint(self.run_dir) is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint in {self.run_dir}")
-        if not resume and (self.run_dir / "metrics.jsonl").exists():
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
-                "another train.run_name"
-            )
+        # Same run-folder rules as the local trainer (mage_rl.rl.run_folder); a --resume
+        # of a folder without a complete checkpoint starts from iteration 0.
+        resume = start_checkpoint(self.run_dir, resume) is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(
-            self.run_dir / "config.yaml",
-            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-        )
+        write_run_config(self.run_dir, cfg.model_dump(mode="json"))
         self.args = args = build_args(cfg, self.run_dir, resume=resume)
         o = cfg.openrlhf
 
@@ -232,7 +228,7 @@ class OpenRLHFTrainer(Trainer):
             logger.info("resumed OpenRLHF state at iteration %d", self.start_iteration)
         self.global_step = self.start_iteration
         self.iteration = self.start_iteration
-        self.metrics = MetricsLogger(self.run_dir)
+        self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
 
     # -- vLLM engines asleep except while sampling (colocated mode) --------------------------
 
@@ -275,14 +271,8 @@ class OpenRLHFTrainer(Trainer):
         link = path / "model"
         if not link.exists():
             os.symlink(Path("..") / f"{tag}_hf", link)
-        _atomic_write(path / STATE_FILE, json.dumps({"iteration": iteration}))
-        done = sorted(
-            (p for p in root.iterdir() if p.name.startswith("iter_") and p.name[5:].isdigit()),
-            key=lambda p: int(p.name[5:]),
-        )
-        for old in done[: -self.cfg.train.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(root / f"{old.name}_hf", ignore_errors=True)
+        atomic_write_json(path / STATE_FILE, {"iteration": iteration})
+        retire_checkpoints(root, iteration, self.cfg.train.keep_checkpoints, companions=("_hf",))
         return path
 
     def run(self) -> dict[str, Any]:

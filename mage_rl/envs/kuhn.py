@@ -8,8 +8,6 @@ a positive payoff is a win (SPEC §3). A showdown reveals both cards; a fold rev
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pyspiel
 from mage_rl.envs.base import Outcome
 from mage_rl.envs.openspiel_env import FinalScore, GameRules, decision_states
 from mage_rl.envs.opponents import Opponent, register_opponent_factory
+from mage_rl.fileio import atomic_write_json
 
 CARDS = ("J", "Q", "K")
 PASS, BET = 0, 1
@@ -106,9 +105,10 @@ class KuhnRules(GameRules):
         return ACTION_NAMES[action]
 
     def parse(self, text: str, state: pyspiel.State, seat: int) -> int | str:
-        word = text.strip().strip(".!").upper()
-        if word in _SYNONYMS:
-            return _SYNONYMS[word]
+        # ASCII case-insensitive only: str.upper() folds Unicode too ("paſſ" -> "PASS").
+        word = text.strip(" \t\r\n").strip(".!")
+        if word.isascii() and word.upper() in _SYNONYMS:
+            return _SYNONYMS[word.upper()]
         return f"{text.strip()[:40]!r} is not an action; write PASS or BET"
 
     def describe_move(self, state: pyspiel.State, player: int, action: int, seat: int) -> str:
@@ -207,10 +207,7 @@ def solve_cfr_policy(iterations: int = CFR_ITERATIONS) -> dict[str, int]:
         info_state = state.information_state_string(state.current_player())
         probs = dict(average.get_state_policy(info_state))
         table[info_state] = max(sorted(probs), key=lambda a: probs[a])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
-    os.replace(f.name, path)
+    atomic_write_json(path, table, indent=1, sort_keys=True)
     return table
 
 

@@ -50,7 +50,7 @@ INVALID_PENALTY = 0.5
 LENGTH_PENALTY = 1.0
 
 LEGEND = "Legend: # wall, - floor, . target, $ box, * box on a target, @ you, + you on a target."
-_SPLIT = re.compile(r"[\s,;>|/\-\u2192]+|\bthen\b|\band\b", re.IGNORECASE)
+_SPLIT = re.compile(r"[ \t\r\n,;>|/\-\u2192]+|\bthen\b|\band\b", re.IGNORECASE | re.ASCII)
 
 WORDING = Wording(
     same_task=(
@@ -95,11 +95,19 @@ def render(room: Room) -> str:
 def parse_moves(text: str) -> list[str] | str:
     """Read one to three moves from the action tag's content.
 
-    Moves are ``up``, ``down``, ``left`` and ``right`` (any case), separated by commas,
-    spaces, ``then`` or arrows. Returns the moves, or why the text is not a valid turn.
+    The grammar (docs/environments.md): moves are ``up``, ``down``, ``left`` and
+    ``right`` in ASCII letters of any case, separated by commas, semicolons, spaces,
+    ``then``, ``and`` or arrows (``->``, ``>``, ``\u2192``); the whole list may sit in
+    square brackets and end with ``.`` or ``!``. Anything else (parentheses, quotes,
+    Unicode look-alike letters) makes the turn invalid.
+
+    Returns:
+        The moves, or why the text is not a valid turn.
     """
-    parts = [p.strip(".!()[]'\"").lower() for p in _SPLIT.split(text) if p and p.strip()]
-    parts = [p for p in parts if p]
+    body = text.strip(" \t\r\n").rstrip(".!")
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    parts = [p.lower() if p.isascii() else p for p in _SPLIT.split(body) if p]
     if not parts:
         return "the action is empty; write one to three moves such as <action>up, left</action>"
     unknown = [p for p in parts if p not in MOVES]

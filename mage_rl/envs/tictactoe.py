@@ -15,7 +15,10 @@ import pyspiel
 from mage_rl.envs.openspiel_env import GameRules
 from mage_rl.envs.opponents import Opponent, register_opponent_factory
 
-_CELL = re.compile(r"^\s*\(?\s*(\d)\s*[,\s]\s*(\d)\s*\)?\s*$")
+# The grammar (docs/environments.md): two ASCII digits, separated by a comma or by spaces
+# or tabs, optionally in parentheses; ASCII white space around. Unicode digits such as
+# "２" and separators such as "\x0b" are refused rather than read by \d and \s.
+_CELL = re.compile(r"[ \t\r\n]*\(?[ \t]*([0-9])[ \t]*(?:,|[ \t])[ \t]*([0-9])[ \t]*\)?[ \t\r\n]*")
 MARKS = ("X", "O")
 
 
@@ -66,7 +69,7 @@ class TicTacToeRules(GameRules):
         return cell_text(action)
 
     def parse(self, text: str, state: pyspiel.State, seat: int) -> int | str:
-        match = _CELL.match(text)
+        match = _CELL.fullmatch(text)
         if not match:
             return (
                 f"could not read a cell from {text.strip()[:40]!r}; "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from mage_rl.eval.metrics import summarize_with_intervals
 from mage_rl.eval.plots import write_plots
 from mage_rl.eval.run_folder import RecordLog, records_path
 from mage_rl.eval.tables import SEATS, fmt_mean, fmt_rate, render_markdown
+from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
 
 log = logging.getLogger(__name__)
@@ -137,9 +137,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def write_report(

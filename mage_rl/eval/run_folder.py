@@ -19,19 +19,13 @@ from typing import Any
 from mage_rl.eval.agents import AgentSpec
 from mage_rl.eval.conditions import EvalConfig, opponent_population
 from mage_rl.eval.settings import EvalSettings
+from mage_rl.fileio import atomic_write_json, atomic_write_lines
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a temp file renamed into place)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def tasks_document(cfg: EvalConfig, tasks: dict[str, list[TaskInstance]]) -> dict[str, Any]:
@@ -99,8 +93,8 @@ def prepare_run_dir(
         "conditions": cfg.conditions(),
         "agents": [asdict(a) for a in agents],
     }
-    _write_json(config_path, document)
-    _write_json(tasks_path, tasks_doc)
+    atomic_write_json(config_path, document)
+    atomic_write_json(tasks_path, tasks_doc)
     return agents
 
 
@@ -136,9 +130,7 @@ class RecordLog:
                 torn = True
         if torn:
             log.warning("%s: dropping a partly written last line", self.path)
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(r.to_json() + "\n" for r in records))
-            os.replace(tmp, self.path)
+            atomic_write_lines(self.path, (r.to_json() + "\n" for r in records))
         return records
 
     def append(self, record: MetaEpisodeRecord) -> None:

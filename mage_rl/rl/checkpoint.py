@@ -166,7 +166,15 @@ class LearnerCheckpoints:
         state: dict[str, torch.Tensor] = {}
         for file in files:
             state.update(load_file(file))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+        except RuntimeError as exc:  # tensors of other shapes: another model's checkpoint
+            first = str(exc).split("size mismatch for ", 1)[-1].split("\n")[0]
+            raise ValueError(
+                f"checkpoint {model_dir} was saved from a model of another size than "
+                f"policy.model ({first}); resume with the policy.model the run was "
+                "started with (its config.yaml)"
+            ) from None
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         missing = [k for k in missing if k not in tied]
         if missing or unexpected:

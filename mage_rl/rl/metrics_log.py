@@ -3,14 +3,25 @@
 Names use fixed namespaces (``charts/``, ``losses/``, ``perf/``, ``eval/``) so curves
 from different runs line up. Each JSONL line is one iteration's flat mapping, flushed
 right away so a crash loses nothing already logged.
+
+A resumed run opens the logger at the iteration of its checkpoint: lines logged after
+that checkpoint by the run that was stopped (they will be logged again) and a torn last
+line are cut from ``metrics.jsonl``, and TensorBoard is told to hide the same steps of
+the earlier event files (``SummaryWriter``'s ``purge_step``), so every iteration appears
+once in both.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
+
+from mage_rl.fileio import atomic_write_lines
+
+logger = logging.getLogger(__name__)
 
 
 def flatten_summary(summary: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -33,16 +44,78 @@ def flatten_summary(summary: dict[str, Any], prefix: str) -> dict[str, float]:
     return out
 
 
-class MetricsLogger:
-    """Writes scalars to TensorBoard (``tb/``) and ``metrics.jsonl`` in a run folder."""
+def cut_metrics(path: Path, last_iteration: int) -> list[dict[str, Any]]:
+    """Keep the lines of ``path`` up to ``last_iteration``; drop a torn last line.
 
-    def __init__(self, run_dir: str | Path) -> None:
+    Args:
+        path: A ``metrics.jsonl``; rewritten atomically when anything is dropped.
+        last_iteration: The iteration of the checkpoint the run continues from (0 for a
+            start from scratch).
+
+    Returns:
+        The lines kept, parsed.
+
+    Raises:
+        ValueError: A line other than the last one is not JSON (a damaged file, not a
+            stopped write); the message names the line.
+    """
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    kept: list[dict[str, Any]] = []
+    kept_text: list[str] = []
+    dropped = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            step = int(row["iteration"])
+        except (ValueError, TypeError, KeyError) as exc:
+            # A write stopped by a kill leaves only the last line unfinished.
+            if number >= len(lines) - 1:
+                logger.warning("%s: dropping a partly written last line", path)
+                dropped += 1
+                continue
+            raise ValueError(
+                f"{path}:{number} is not a metrics line ({exc}); delete or fix that line"
+            ) from None
+        if step > last_iteration:
+            dropped += 1
+            continue
+        kept.append(row)
+        kept_text.append(line + "\n")
+    if dropped or (text and not text.endswith("\n")):
+        if dropped:
+            logger.info("%s: dropped %d line(s) after iteration %d", path, dropped, last_iteration)
+        atomic_write_lines(path, kept_text)
+    return kept
+
+
+class MetricsLogger:
+    """Writes scalars to TensorBoard (``tb/``) and ``metrics.jsonl`` in a run folder.
+
+    Args:
+        run_dir: The run folder.
+        start_iteration: The iteration the run continues from: later lines of an earlier
+            session are cut (:func:`cut_metrics`) and hidden in TensorBoard.
+    """
+
+    def __init__(self, run_dir: str | Path, start_iteration: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
-        self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
+        path = self.run_dir / "metrics.jsonl"
+        self.kept = cut_metrics(path, start_iteration)
+        tb = self.run_dir / "tb"
+        # purge_step hides, in the event files already there, every step >= it.
+        earlier = tb.is_dir() and any(tb.glob("events.out.tfevents.*"))
+        self.writer = SummaryWriter(
+            log_dir=str(tb), purge_step=start_iteration + 1 if earlier else None
+        )
+        self._jsonl = path.open("a", encoding="utf-8")
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in scalars.items() if v is not None and math.isfinite(v)}

@@ -26,7 +26,6 @@ same weights, and its time belongs to any training budget that uses it.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -39,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from mage_rl.config import TrainConfig
+from mage_rl.fileio import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,5 @@ def pretrain(
         "seconds": round(time.perf_counter() - start, 2),
     }
     # Written last: its presence marks a complete directory.
-    tmp = out / (SUMMARY_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / SUMMARY_FILE)
+    atomic_write_json(out / SUMMARY_FILE, summary)
     return summary

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 
 from mage_rl.envs import Population, derive_seed, make_env, resolve_seat
+from mage_rl.fileio import atomic_write_lines
 from mage_rl.graphs.meta_episode import MetaEpisodeGraph
 from mage_rl.nodes.state import MetaEpisodeState
 from mage_rl.policy.chat_model import PolicyChatModel, seeded
@@ -141,14 +141,7 @@ async def collect_rollouts(
 
 def write_jsonl(records: Iterable[MetaEpisodeRecord], path: str | Path) -> Path:
     """Write records as JSON lines, atomically (a temp file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for record in records:
-            f.write(record.to_json() + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_lines(path, (record.to_json() + "\n" for record in records))
 
 
 def read_jsonl(path: str | Path) -> list[MetaEpisodeRecord]:

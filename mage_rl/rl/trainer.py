@@ -8,12 +8,15 @@ One iteration:
 3. Returns and advantages: SPEC §3-5 (``rl.returns``, ``rl.advantages``).
 4. One PPO update over every turn (``rl.learner``), then push the new weights into the
    engine in memory.
-5. Log to TensorBoard and ``metrics.jsonl``; checkpoint (HF format + optimizer + RNG);
-   evaluate on fixed seeds every ``eval.every`` iterations and at the end.
+5. Evaluate on fixed seeds every ``eval.every`` iterations (and at the end); log to
+   TensorBoard and ``metrics.jsonl``; then checkpoint (HF format + optimizer + RNG).
 
-A run folder holds ``config.yaml``, ``metrics.jsonl``, ``tb/``, ``checkpoints/iter_N/``
-(``model/`` is a plain HF checkpoint with its tokenizer) and ``eval/iter_N.json``.
-``--resume`` continues from the newest complete checkpoint; Ctrl-C saves one and exits.
+A run folder holds ``config.yaml``, ``metrics.jsonl``, ``tb/``,
+``checkpoints/iter_NNNNNN/`` (``model/`` is a plain HF checkpoint with its tokenizer) and
+``eval/iter_NNNNNN.json``. Nothing is written into it before the config, the tasks and
+the model have all loaded. ``--resume`` continues from the newest complete checkpoint,
+cutting what the stopped run logged after it; Ctrl-C saves one and exits. The rules of
+the folder's life cycle are in :mod:`mage_rl.rl.run_folder`.
 """
 
 from __future__ import annotations
@@ -21,41 +24,58 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from mage_rl.config import TrainConfig
 from mage_rl.eval.metrics import summarize_records
+from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
 from mage_rl.rl.rollout import write_jsonl
+from mage_rl.rl.run_folder import (
+    STATE_FILE,
+    check_resume_config,
+    checkpoint_name,
+    clear_retired,
+    latest_checkpoint,
+    retire_checkpoints,
+    start_checkpoint,
+    write_run_config,
+)
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.json"
+__all__ = ["STATE_FILE", "Trainer", "check_tasks", "latest_checkpoint"]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def check_tasks(cfg: TrainConfig) -> None:
+    """Draw the first training and evaluation tasks and reset one environment of each.
 
+    Seats, opponent specs and environment settings are read only when tasks are drawn,
+    so this finds their errors before a run folder is made.
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint whose trainer state was written (i.e. is complete)."""
-    root = run_dir / "checkpoints"
-    if not root.exists():
-        return None
-    done = [p for p in root.iterdir() if p.name.startswith("iter_") and (p / STATE_FILE).exists()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    Raises:
+        ValueError: What is wrong, naming the config key.
+    """
+    from mage_rl import runtime
+    from mage_rl.envs import make_env, resolve_seat
+
+    try:
+        resolve_seat(cfg.env.seat, 0)
+    except ValueError as exc:
+        raise ValueError(f"env.seat={cfg.env.seat!r}: {exc}") from None
+    tasks, _ = runtime.training_tasks(cfg, 0)
+    if cfg.eval.tasks:
+        tasks += runtime.tasks_for(cfg, 1, cfg.eval.seed)
+    for task in tasks[:1] + tasks[-1:]:
+        env = make_env(cfg.env.name, task.opponent, seat=task.seat, max_turns=cfg.env.max_turns)
+        env.reset(task.seed)
 
 
 class Trainer:
@@ -78,19 +98,12 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.show_progress = progress
-        checkpoint = latest_checkpoint(self.run_dir) if resume else None
-        if resume and checkpoint is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint in {self.run_dir}")
-        if not resume and (self.run_dir / "metrics.jsonl").exists():
-            raise FileExistsError(
-                f"{self.run_dir} already holds a run; pass --resume to continue it or choose "
-                "another train.run_name"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(
-            self.run_dir / "config.yaml",
-            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False),
-        )
+        # Everything that can fail on a user's config runs before the folder is touched,
+        # so a refused start leaves nothing behind that would block the next one.
+        checkpoint = start_checkpoint(self.run_dir, resume)
+        if checkpoint is not None:
+            check_resume_config(self.run_dir, cfg.model_dump(mode="json"), checkpoint)
+        check_tasks(cfg)
 
         # The learner keeps float32 master weights; the engine samples in policy.dtype.
         model, self.tokenizer = load_model(cfg.policy.model, dtype="fp32")
@@ -113,22 +126,13 @@ class Trainer:
             logger.info("resumed from %s (iteration %d)", checkpoint, self.start_iteration)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         self.graph = runtime.build_graph(cfg)
-        self.train_llm = runtime.chat_model(
-            self.engine,
-            temperature=cfg.policy.temperature,
-            top_p=cfg.policy.top_p,
-            top_k=cfg.policy.top_k,
-            max_tokens=cfg.policy.max_tokens,
-        )
-        self.eval_llm = runtime.chat_model(
-            self.engine,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            top_k=cfg.eval.top_k,
-            max_tokens=cfg.policy.max_tokens,
-        )
-        self.metrics = MetricsLogger(self.run_dir)
+        self.train_llm = runtime.rollout_chat_model(cfg, self.engine)
+        self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
         self.iteration = self.start_iteration
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        clear_retired(self.run_dir / "checkpoints")
+        write_run_config(self.run_dir, cfg.model_dump(mode="json"))
+        self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
 
     # -- one iteration -------------------------------------------------------------------
 
@@ -160,24 +164,19 @@ class Trainer:
         tasks = runtime.tasks_for(self.cfg, self.cfg.eval.tasks, self.cfg.eval.seed)
         records = runtime.run_rollouts(self.cfg, self.graph, self.eval_llm, tasks, 1)
         summary = summarize_records(records, self.cfg.meta.episodes)
-        out = self.run_dir / "eval" / f"iter_{iteration:06d}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(out, json.dumps(summary, indent=2))
+        out = self.run_dir / "eval" / f"{checkpoint_name(iteration)}.json"
+        atomic_write_json(out, summary)
         write_jsonl(records, out.with_suffix(".jsonl"))
         return summary
 
     def save(self, iteration: int) -> Path:
-        path = self.run_dir / "checkpoints" / f"iter_{iteration:06d}"
+        path = self.run_dir / "checkpoints" / checkpoint_name(iteration)
         self.learner.save(path)
         # model/ is a complete HF model (merged with LoRA): servable as it is.
         self.tokenizer.save_pretrained(path / "model")
-        _atomic_write(path / STATE_FILE, json.dumps({"iteration": iteration}))
-        checkpoints = sorted(
-            (p for p in path.parent.iterdir() if p.name.startswith("iter_")),
-            key=lambda p: int(p.name.split("_")[1]),
-        )
-        for old in checkpoints[: -self.cfg.train.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        # Written last: its presence is what makes the checkpoint complete.
+        atomic_write_json(path / STATE_FILE, {"iteration": iteration})
+        retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
 
     # -- the loop ------------------------------------------------------------------------
@@ -190,7 +189,8 @@ class Trainer:
         total = cfg.train.iterations
         per_iter = cfg.rollout.tasks * cfg.rollout.group_size
         last_saved = self.start_iteration
-        last_eval: dict[str, Any] | None = None
+        last_eval = self._logged_final_eval()
+        final_logged = last_eval is not None
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -216,6 +216,8 @@ class Trainer:
                     if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
                         last_eval = self.evaluate(self.iteration)
                         scalars.update(flatten_summary(last_eval, "eval"))
+                    # Logged before the save: a kill in between resumes from the checkpoint
+                    # before, which cuts this line and logs the iteration again, once.
                     self.metrics.log(self.iteration, scalars)
                     if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
                         self.save(self.iteration)
@@ -226,8 +228,10 @@ class Trainer:
                         f"loss {stats['loss']:+.3f}"
                     )
                     progress.update(it_bar, advance=1, info=info)
-            if cfg.eval.tasks and (
-                last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every
+            if (
+                cfg.eval.tasks
+                and not final_logged
+                and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
             ):
                 last_eval = self.evaluate(self.iteration)
                 self.metrics.log(self.iteration, flatten_summary(last_eval, "eval"))
@@ -245,11 +249,26 @@ class Trainer:
             "checkpoint": str(checkpoint / "model") if checkpoint else None,
             "metrics": str(self.run_dir / "metrics.jsonl"),
             "tensorboard": str(self.run_dir / "tb"),
-            "report": str(self.run_dir / "eval" / f"iter_{self.iteration:06d}.json")
+            "report": str(self.run_dir / "eval" / f"{checkpoint_name(self.iteration)}.json")
             if last_eval
             else None,
             "eval": last_eval,
         }
+
+    def _logged_final_eval(self) -> dict[str, Any] | None:
+        """The final evaluation of a finished run that is resumed again, if logged.
+
+        Resuming a run whose last checkpoint is ``train.iterations`` only evaluates; when
+        that evaluation was logged already, it is read back instead of logged twice.
+        """
+        if self.start_iteration < self.cfg.train.iterations:
+            return None
+        report = self.run_dir / "eval" / f"{checkpoint_name(self.start_iteration)}.json"
+        logged = any(
+            row["iteration"] == self.start_iteration and any(k.startswith("eval/") for k in row)
+            for row in self.metrics.kept
+        )
+        return json.loads(report.read_text()) if logged and report.exists() else None
 
     def _scalars(
         self,

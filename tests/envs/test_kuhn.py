@@ -157,3 +157,17 @@ def test_second_seat_sees_opponent_move_first() -> None:
     obs = env.reset(0)
     assert "opponent BET" in obs and env.transcript == ["Opponent: BET"]
     assert env.legal_actions() == ["PASS", "BET"]
+
+
+@pytest.mark.parametrize("word", ["paſſ", "ＢＥＴ", "BЕT", "PASS\u200b", "\u202ePASS", "BET\x00"])
+def test_only_ascii_spellings_are_actions(word: str) -> None:
+    env = make_env("kuhn", "kuhn:intermediate", seat=0)
+    env.reset(1)
+    result = env.step(f"<action>{word}</action>")
+    assert result.info.invalid and "not an action" in result.info.invalid_reason
+
+
+def test_ascii_case_and_end_punctuation_are_accepted() -> None:
+    env = make_env("kuhn", "kuhn:intermediate", seat=0)
+    env.reset(1)
+    assert env.step("<action> bet! </action>").info.action == "BET"

@@ -192,6 +192,13 @@ def test_parse_moves_accepts_up_to_three_moves_in_several_spellings() -> None:
     assert parse_moves("down then right") == ["down", "right"]
     assert parse_moves("up -> left") == ["up", "left"]
     assert parse_moves("[up; down]") == ["up", "down"]
+    assert parse_moves("up \u2192 right and down.") == ["up", "right", "down"]
+
+
+@pytest.mark.parametrize("text", ["(up)", "'up'", "up()", "ｕp", "uр", "up\x0bleft", "UP\x00"])
+def test_parse_moves_refuses_what_the_grammar_does_not_name(text: str) -> None:
+    result = parse_moves(text)
+    assert isinstance(result, str) and "not a move" in result
 
 
 @pytest.mark.parametrize(

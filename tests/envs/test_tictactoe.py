@@ -106,3 +106,20 @@ def test_same_seed_same_game_with_random_opponent() -> None:
 
     assert play(5) == play(5)
     assert len({play(s) for s in range(8)}) > 1
+
+
+@pytest.mark.parametrize(
+    "text", ["(２, 1)", "٢,3", "2\x0b3", "2\x0c3", "(1,,2)", "1.2", "(1, 2) x", "12"]
+)
+def test_cells_are_ascii_digits_with_comma_or_space(text: str) -> None:
+    env = make_env("ttt", "ttt:random", seat=0)
+    env.reset(0)
+    result = env.step(f"<action>{text}</action>")
+    assert result.info.invalid and "could not read a cell" in result.info.invalid_reason
+
+
+@pytest.mark.parametrize("text", ["(2, 1)", "2,1", "2 1", "( 2 ,\t1 )", "\n2, 1\n"])
+def test_cell_spellings_of_the_grammar(text: str) -> None:
+    env = make_env("ttt", "ttt:random", seat=0)
+    env.reset(0)
+    assert env.step(f"<action>{text}</action>").info.action == "(2, 1)"

@@ -1,0 +1,92 @@
+"""Config files a user can get wrong: each error names the file, the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mage_rl.config import RunConfig, TrainConfig, load_config
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_an_empty_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"exp\.yaml is empty.*policy: \{model: tiny\}"):
+        load_config(_file(tmp_path, "\n# nothing yet\n"), cls=TrainConfig)
+
+
+@pytest.mark.parametrize("text", ["env:\n  name: kuhn_poker\n", "policy:\n  dtype: fp32\n"])
+def test_a_file_must_name_its_model(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ValueError, match="does not name its model.*policy.model"):
+        load_config(_file(tmp_path, text), cls=TrainConfig)
+
+
+def test_the_model_may_come_from_an_override(tmp_path: Path) -> None:
+    cfg = load_config(_file(tmp_path, "env:\n  name: kuhn_poker\n"), ["policy.model=tiny"])
+    assert cfg.policy.model == "tiny"
+
+
+def test_without_a_file_the_defaults_stand() -> None:
+    assert isinstance(load_config(None, cls=RunConfig), RunConfig)
+
+
+def test_unknown_keys_list_the_valid_keys_of_their_section(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\n  modle: x\nlearner:\n  lrr: 1\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path, cls=TrainConfig)
+    message = str(info.value)
+    assert "policy.modle: unknown key; did you mean 'model'?" in message
+    assert "Valid keys of policy: model, dtype, temperature" in message
+    # learner is a dataclass section; its keys are listed the same way.
+    assert "learner.lrr: unknown key; did you mean 'lr'?" in message
+    assert "Valid keys of learner: lr, weight_decay" in message
+
+
+def test_an_unknown_section_lists_the_sections(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="Valid keys of the top level: plugins, env, meta, policy"):
+        load_config(_file(tmp_path, "policy:\n  model: tiny\npolicies: {}\n"), cls=TrainConfig)
+
+
+def test_a_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\n  dtype: [fp32\nenv:\n  name: x: y\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path, cls=TrainConfig)
+    message = str(info.value)
+    assert message.startswith(f"{path}:") and "not valid YAML" in message
+    assert "<unicode string>" not in message and "line 3" in message
+
+
+def test_duplicate_keys_are_an_error(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\n  dtype: fp32\n  model: smollm2\n")
+    with pytest.raises(ValueError, match=r"exp\.yaml:4:3: .*'model' appears twice.*2 and 4"):
+        load_config(path, cls=TrainConfig)
+
+
+def test_duplicate_sections_are_an_error(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\nenv: {}\npolicy:\n  model: tiny\n")
+    with pytest.raises(ValueError, match="'policy' appears twice"):
+        load_config(path, cls=TrainConfig)
+
+
+def test_a_mistyped_preset_names_the_key_and_the_presets(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\nenv:\n  population: kuhn_trian\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path, cls=TrainConfig)
+    message = str(info.value)
+    assert "env.population='kuhn_trian'" in message
+    assert "kuhn_train, kuhn_unseen" in message and "ttt_train" in message
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_a_top_level_list_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="top level must be a mapping"):
+        load_config(_file(tmp_path, "- policy\n"))
