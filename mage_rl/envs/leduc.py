@@ -95,6 +95,7 @@ class LeducRules(GameRules):
     """Leduc Hold'em as text."""
 
     game_name = "leduc_poker"
+    payoff_unit = "chips per hand"
     invalid_penalty = 0.5
     length_penalty = 2.0
     # At most four agent decisions (two a round); the rest is room for invalid answers.
@@ -294,8 +295,14 @@ def _rock(v: View) -> int:
     return CALL if keep else FOLD
 
 
+def _calling_station(v: View) -> int:
+    # Checks and calls everything: never folds, never raises.
+    return CALL
+
+
 ARCHETYPES: dict[str, Callable[[View], int]] = {
     "tight_passive": _tight_passive,
+    "calling_station": _calling_station,
     "loose_aggressive": _loose_aggressive,
     "rock": _rock,
 }
@@ -355,7 +362,8 @@ def register_opponents() -> None:
             (
                 (f"{game}:tight_passive", 0.3),
                 (f"{game}:loose_aggressive", 0.3),
-                (f"{game}:rock", 0.4),
+                (f"{game}:rock", 0.2),
+                (f"{game}:calling_station", 0.2),
             )
         ),
     )

@@ -73,6 +73,7 @@ class LiarsDiceRules(GameRules):
     """Liar's Dice, one die each, as text."""
 
     game_name = "liars_dice"
+    payoff_unit = "payoff per game (+1 win, -1 loss)"
     invalid_penalty = 0.5
     length_penalty = 2.0
     # A game has at most 13 moves, so at most 7 agent decisions; 3 more for invalid ones.

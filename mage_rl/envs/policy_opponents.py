@@ -15,7 +15,6 @@ import json
 import os
 import tempfile
 from functools import lru_cache
-
 from typing import Any
 
 import numpy as np
