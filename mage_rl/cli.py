@@ -100,8 +100,12 @@ def _game_oracle(args: argparse.Namespace, game: str) -> int:
     iterations = getattr(args, "nash_iterations", None)
     if iterations is not None and iterations < 1:
         raise SystemExit(f"mage oracle: --nash-iterations must be >= 1, got {iterations}")
-    with console.status(f"solving {game} (CFR+ and best responses; cached after the first run)"):
-        oracle = game_oracle(game, Population.parse(text, game=game), iterations)
+    population = Population.parse(text, game=game)
+    if args.json:  # keep standard output pure JSON
+        oracle = game_oracle(game, population, iterations)
+    else:
+        with console.status(f"solving {game} (CFR+ is cached after the first run)"):
+            oracle = game_oracle(game, population, iterations)
     if args.json:
         print(json.dumps(oracle.to_dict(), indent=2))
         return 0

@@ -102,11 +102,8 @@ class LeducRules(GameRules):
     default_max_turns = 8
 
     def task_description(self, seat: int) -> str:
-        you = (
-            "Player 1 (you act first in each round)"
-            if seat == 0
-            else ("Player 2 (you act second in each round)")
-        )
+        order = "first" if seat == 0 else "second"
+        you = f"Player {seat + 1} (you act {order} in each round)"
         return (
             "You are playing Leduc Hold'em poker against a fixed opponent.\n"
             "Rules: the deck has six cards, two each of J < Q < K. Each player antes 1 "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyspiel
 
+from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import Opponent
 
 PolicyTable = dict[str, list[tuple[int, float]]]
@@ -48,8 +49,6 @@ def solve_cfr_plus(game_name: str, iterations: int) -> PolicyTable:
     for _ in range(iterations):
         solver.evaluate_and_update_policy()
     average = solver.average_policy()
-    from mage_rl.envs.openspiel_env import decision_states
-
     table: PolicyTable = {}
     for state in decision_states(game):
         key = state.information_state_string(state.current_player())
