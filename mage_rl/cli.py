@@ -31,12 +31,13 @@ def _fmt(x: float) -> str:
 
 
 def _cmd_oracle(args: argparse.Namespace) -> int:
-    from mage_rl.envs import Population
+    from mage_rl.envs import Population, canonical_game
     from mage_rl.eval.oracles import kuhn_oracle
 
-    if args.game not in ("kuhn", "kuhn_poker"):
-        raise SystemExit(f"mage oracle: exact values exist for kuhn only, not {args.game!r}")
-    population = Population.parse(args.population, game="kuhn_poker")
+    game = canonical_game(args.game)
+    if game != "kuhn_poker":
+        return _game_oracle(args, game)
+    population = Population.parse(args.population or _KUHN_POPULATION, game="kuhn_poker")
     oracle = kuhn_oracle(population)
     bayes = _bayes_values(population)
     if args.json:
@@ -83,6 +84,58 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
             "change after each hand (Bayes-optimal for a last-hand objective). The last "
             "hand best-responds to the posterior over the opponents."
         )
+    return 0
+
+
+_KUHN_POPULATION = "conservative=0.3,aggressive=0.3,intermediate=0.4"
+_ORACLE_GAMES = ("kuhn", "kuhn_poker", "leduc", "leduc_poker", "liars", "liars_dice")
+
+
+def _game_oracle(args: argparse.Namespace, game: str) -> int:
+    """The values of :func:`~mage_rl.eval.game_oracles.game_oracle` as a table or JSON."""
+    from mage_rl.envs import Population
+    from mage_rl.eval.conditions import GAME_SHORT
+    from mage_rl.eval.game_oracles import game_oracle
+
+    text = args.population or f"{GAME_SHORT.get(game, game)}_train"
+    iterations = getattr(args, "nash_iterations", None)
+    if iterations is not None and iterations < 1:
+        raise SystemExit(f"mage oracle: --nash-iterations must be >= 1, got {iterations}")
+    population = Population.parse(text, game=game)
+    if args.json:  # keep standard output pure JSON
+        oracle = game_oracle(game, population, iterations)
+    else:
+        with console.status(f"solving {game} (CFR+ is cached after the first run)"):
+            oracle = game_oracle(game, population, iterations)
+    if args.json:
+        print(json.dumps(oracle.to_dict(), indent=2))
+        return 0
+    specs = list(oracle.population)
+    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
+    table = Table(title=f"{game} exact values, {oracle.payoff_unit} for the agent ({pop})")
+    table.add_column("agent seat")
+    table.add_column("Nash", justify="right")
+    table.add_column("±", justify="right")
+    for spec in specs:
+        table.add_column(f"vs {spec.split(':', 1)[1][:5]}.", justify="right")
+    table.add_column("best fixed", justify="right")
+    table.add_column("ceiling", justify="right")
+    for seat in oracle.seats:
+        table.add_row(
+            seat.seat,
+            _fmt(seat.nash),
+            _fmt((seat.nash_high - seat.nash_low) / 2),
+            *(_fmt(seat.best_response[s]) for s in specs),
+            _fmt(seat.best_fixed),
+            _fmt(seat.ceiling),
+        )
+    console.print(table)
+    console.print(
+        "Nash ± half-width: the interval that the best responses to the CFR+ average "
+        f"profile ({oracle.nash_iterations} iterations) put around the game value; vs X: best response to X alone; best "
+        "fixed: best single strategy against the population; ceiling: best response to "
+        "each opponent, weighted."
+    )
     return 0
 
 
@@ -290,12 +343,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("oracle", help="exact Kuhn Poker reference values (SPEC §9)")
-    p.add_argument("game", choices=["kuhn", "kuhn_poker"])
+    p = sub.add_parser("oracle", help="exact reference values: Kuhn (SPEC §9), Leduc, Liar's Dice")
+    p.add_argument("game", choices=_ORACLE_GAMES)
     p.add_argument(
         "--population",
-        default="conservative=0.3,aggressive=0.3,intermediate=0.4",
-        help="weighted opponents, e.g. conservative=0.3,aggressive=0.7, or a preset name",
+        default=None,
+        help="weighted opponents, e.g. conservative=0.3,aggressive=0.7, or a preset name "
+        "(default: the game's training preset, kuhn_train, leduc_train, liars_dice_train)",
+    )
+    p.add_argument(
+        "--nash-iterations",
+        type=int,
+        default=None,
+        help="CFR+ iterations behind the Nash bounds of Leduc and Liar's Dice (default 500 "
+        "and 200); more iterations, tighter bounds, longer first run (then cached)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_oracle)

@@ -1,6 +1,7 @@
 """The built-in environments and opponents, registered in one place.
 
-Kuhn Poker and Tic-Tac-Toe are OpenSpiel games through the shared adapter; Sokoban is a
+Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em and Liar's Dice are OpenSpiel games through the
+shared adapter; Sokoban is a
 single-agent task whose "opponents" are room variants. Their SPEC §3 constants (penalties)
 come from their rules; the cross-episode discount is 0.6 for the games and 0.9 for
 Sokoban (SPEC §4). Plugins register theirs the same way (:func:`register_env`,
@@ -9,7 +10,7 @@ Sokoban (SPEC §4). Plugins register theirs the same way (:func:`register_env`,
 
 from __future__ import annotations
 
-from mage_rl.envs import kuhn, sokoban, tictactoe
+from mage_rl.envs import kuhn, leduc, liars_dice, sokoban, tictactoe
 from mage_rl.envs.registry import ENVS, register_env
 
 _DONE = False
@@ -29,6 +30,10 @@ def register_builtins() -> None:
         aliases=("ttt", "tictactoe"),
         gamma_traj=0.6,
     )
+    register_env("leduc_poker", rules=leduc.LeducRules(), aliases=("leduc",), gamma_traj=0.6)
+    register_env(
+        "liars_dice", rules=liars_dice.LiarsDiceRules(), aliases=("liars",), gamma_traj=0.6
+    )
     register_env(
         "sokoban",
         factory=sokoban.make_sokoban_env,
@@ -39,4 +44,6 @@ def register_builtins() -> None:
     )
     kuhn.register_opponents()
     tictactoe.register_opponents()
+    leduc.register_opponents()
+    liars_dice.register_opponents()
     sokoban.register_opponents()

@@ -27,7 +27,12 @@ from mage_rl.graphs import GraphOptions
 from mage_rl.rl.rollout import TaskInstance, sample_tasks
 
 OPPONENT_SETS = ("train", "unseen")
-GAME_SHORT = {"kuhn_poker": "kuhn", "tic_tac_toe": "ttt", "sokoban": "sokoban"}
+GAME_SHORT = {
+    "kuhn_poker": "kuhn",
+    "tic_tac_toe": "ttt",
+    "sokoban": "sokoban",
+    "leduc_poker": "leduc",
+}
 
 
 @dataclass(kw_only=True)
