@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-ENV_TITLES = {"kuhn_poker": "Kuhn Poker", "tic_tac_toe": "Tic-Tac-Toe", "sokoban": "Sokoban"}
+ENV_TITLES = {
+    "kuhn_poker": "Kuhn Poker",
+    "tic_tac_toe": "Tic-Tac-Toe",
+    "sokoban": "Sokoban",
+    "leduc_poker": "Leduc Hold'em",
+    "liars_dice": "Liar's Dice",
+}
 SEATS = ("first", "second")
 
 
