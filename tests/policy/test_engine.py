@@ -11,6 +11,7 @@ from mage_rl.policy.base import Generation, Policy, SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.scoring import teacher_forced_logprobs
 from mage_rl.policy.tiny import build_tiny
+from mage_rl.policy.tokenization import render_prompt
 
 
 def chat(n_words: int, tag: str = "") -> list[dict[str, str]]:
@@ -280,3 +281,125 @@ def test_closed_engine_refuses_requests(tiny) -> None:
     engine.close()
     with pytest.raises(EngineClosedError):
         engine.generate_sync(chat(1))
+
+
+def test_late_requests_join_the_running_batch_with_exact_logprobs(tiny, engine) -> None:
+    model, tokenizer = tiny
+
+    async def main() -> tuple[list[Generation], list[float]]:
+        loop = asyncio.get_running_loop()
+        done_at: list[float] = []
+        long = SamplingParams(temperature=1.0, max_tokens=200, seed=0)
+
+        async def timed(messages, params) -> Generation:
+            generation = await engine.generate(messages, params)
+            done_at.append(loop.time())
+            return generation
+
+        first = asyncio.create_task(
+            engine.generate_from_ids(render_prompt(tokenizer, chat(2)), long, ignore_eos=True)
+        )
+        await asyncio.sleep(0.3)  # the long request is decoding by now
+        late = [
+            SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i, seed=i) for i in range(3)
+        ]
+        joined = await asyncio.gather(*(timed(chat(n), p) for n, p in zip((20, 1, 9), late)))
+        assert not first.done(), "the late requests must finish while the long one decodes"
+        return [await first, *joined], [p.temperature for p in (long, *late)]
+
+    generations, _ = asyncio.run(main())
+    assert engine.stats.batches >= 2 and engine.stats.largest_batch >= 2
+    assert len(generations[0].response_ids) == 200  # ignore_eos: decoded to max_tokens
+    params = [SamplingParams(temperature=1.0, max_tokens=200)] + [
+        SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i) for i in range(3)
+    ]
+    for generation, p in zip(generations, params, strict=True):
+        # Rows merged into a running cache (left-padded to its length) see exactly what
+        # they would see alone.
+        assert_logprobs_match(model, generation, p)
+        assert_decodes_to_text(tokenizer, generation)
+
+
+def test_seeded_request_gives_the_same_tokens_alone_and_joining_a_batch(engine) -> None:
+    params = SamplingParams(max_tokens=12, seed=77)
+    alone = engine.generate_sync(chat(3), params)
+
+    async def main() -> Generation:
+        busy = asyncio.create_task(engine.generate(chat(8), SamplingParams(max_tokens=80, seed=1)))
+        await asyncio.sleep(0.1)
+        joined = await engine.generate(chat(3), params)
+        await busy
+        return joined
+
+    assert asyncio.run(main()).response_ids == alone.response_ids
+
+
+def test_a_request_whose_sampling_fails_fails_alone(engine) -> None:
+    async def main() -> list[Generation | BaseException]:
+        good = [SamplingParams(max_tokens=8, seed=i) for i in range(5)]
+        # 1e-38 overflows the scaled logits to inf: that row's distribution is NaN.
+        bad = [
+            SamplingParams(temperature=1e-38, max_tokens=8),
+            SamplingParams(top_k=2**63, max_tokens=8, seed=0),
+        ]
+        return await asyncio.gather(
+            *(engine.generate(chat(3), p) for p in [*good[:3], bad[0], *good[3:], bad[1]]),
+            return_exceptions=True,
+        )
+
+    outcomes = asyncio.run(main())
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert (
+        len(failed) == 1 and isinstance(failed[0], ValueError) and "temperature" in str(failed[0])
+    )
+    assert outcomes.index(failed[0]) == 3
+    # A top_k beyond the vocabulary keeps every token, like 0.
+    assert all(isinstance(o, Generation) and o.has_tokens for i, o in enumerate(outcomes) if i != 3)
+    assert engine.stats.failed == 1
+
+
+def test_cancelled_request_leaves_the_batch_at_the_next_step(engine) -> None:
+    async def main() -> None:
+        doomed = asyncio.create_task(
+            engine.generate(chat(2), SamplingParams(max_tokens=3000, seed=0))
+        )
+        await asyncio.sleep(0.2)
+        doomed.cancel()
+        await asyncio.sleep(0.2)
+
+    asyncio.run(main())
+    steps = engine.stats.steps
+    assert engine.stats.cancelled == 1
+    assert steps < 1000  # it stopped long before max_tokens
+
+
+def test_update_weights_waits_for_the_running_batch(fresh_tiny) -> None:
+    model, tokenizer = fresh_tiny
+    other, _ = build_tiny(seed=3)
+    with LocalEngine(model, tokenizer) as engine:
+
+        async def main() -> tuple[Generation, Generation]:
+            running = asyncio.create_task(
+                engine.generate(chat(2), SamplingParams(temperature=0, max_tokens=150))
+            )
+            await asyncio.sleep(0.1)
+            update = asyncio.create_task(
+                asyncio.to_thread(engine.update_weights, other.state_dict())
+            )
+            await asyncio.sleep(0.05)
+            later = asyncio.create_task(
+                engine.generate(chat(2), SamplingParams(temperature=0, max_tokens=150))
+            )
+            await update
+            return await running, await later
+
+        old, new = asyncio.run(main())
+    reference, _ = build_tiny(seed=0)
+    with LocalEngine(reference, tokenizer) as ref_engine:
+        assert old == ref_engine.generate_sync(
+            chat(2), SamplingParams(temperature=0, max_tokens=150)
+        )
+    with LocalEngine(other, tokenizer) as ref_engine:
+        assert new == ref_engine.generate_sync(
+            chat(2), SamplingParams(temperature=0, max_tokens=150)
+        )
