@@ -12,7 +12,7 @@ import torch
 
 from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.scoring import teacher_forced_logprobs
-from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.tokenization import render_prompt, special_token_ids
 
 from .conftest import MODEL
 
@@ -69,13 +69,19 @@ def test_logprobs_are_the_sampling_logprobs(server, client) -> None:
     content = data["choices"][0]["logprobs"]["content"]
     ids = data["choices"][0]["token_ids"]
     assert len(content) == len(ids) == response.usage.completion_tokens
+    tokenizer = server.engine.tokenizer
+    special = special_token_ids(tokenizer)
     for entry, token in zip(content, ids, strict=True):
-        assert entry["token"] == server.engine.tokenizer.decode([token])
-        assert bytes(entry["bytes"]) == entry["token"].encode()
+        assert entry["token"] == tokenizer.decode([token])
+        if "\ufffd" not in entry["token"]:
+            assert bytes(entry["bytes"]) == entry["token"].encode()
         top = entry["top_logprobs"]
         assert len(top) == 3
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
         assert entry["logprob"] <= top[0]["logprob"] + 1e-6
+    # Every token's real bytes, also those of partial characters: together, the text.
+    text_bytes = b"".join(bytes(e["bytes"]) for e, t in zip(content, ids) if t not in special)
+    assert text_bytes.decode(errors="replace") == data["choices"][0]["message"]["content"]
     model = server.engine.model
     with torch.no_grad():
         forced = teacher_forced_logprobs(model, data["prompt_token_ids"], ids)
