@@ -303,7 +303,9 @@ def test_late_requests_join_the_running_batch_with_exact_logprobs(tiny, engine) 
         late = [
             SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i, seed=i) for i in range(3)
         ]
-        joined = await asyncio.gather(*(timed(chat(n), p) for n, p in zip((20, 1, 9), late)))
+        joined = await asyncio.gather(
+            *(timed(chat(n), p) for n, p in zip((20, 1, 9), late, strict=True))
+        )
         assert not first.done(), "the late requests must finish while the long one decodes"
         return [await first, *joined], [p.temperature for p in (long, *late)]
 

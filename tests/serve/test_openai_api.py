@@ -80,7 +80,9 @@ def test_logprobs_are_the_sampling_logprobs(server, client) -> None:
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
         assert entry["logprob"] <= top[0]["logprob"] + 1e-6
     # Every token's real bytes, also those of partial characters: together, the text.
-    text_bytes = b"".join(bytes(e["bytes"]) for e, t in zip(content, ids) if t not in special)
+    text_bytes = b"".join(
+        bytes(e["bytes"]) for e, t in zip(content, ids, strict=True) if t not in special
+    )
     assert text_bytes.decode(errors="replace") == data["choices"][0]["message"]["content"]
     model = server.engine.model
     with torch.no_grad():
