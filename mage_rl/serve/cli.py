@@ -122,7 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--max-body-mb",
         type=float,
-        default=4.0,
+        default=2.0,
         help="largest request body in MiB, refused with 413 before it is read or tokenized",
     )
     g.add_argument(

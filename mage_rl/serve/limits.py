@@ -37,8 +37,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-DEFAULT_MAX_BODY_BYTES = 4 << 20
-"""4 MiB: a full 128k-token context as text is ~0.5 MB; token-id prompts take more."""
+DEFAULT_MAX_BODY_BYTES = 2 << 20
+"""2 MiB. A full 128k-token context is about 0.5 MB as text and 1 MB as token ids. The
+bound also bounds the pauses of the event loop: the tokenizer holds the interpreter lock
+for about 30 ms per MB of text when it hands its result back."""
 DEFAULT_BODY_TIMEOUT_S = 30.0
 MAX_JSON_DEPTH = 32
 PUBLIC_PATHS = ("/health",)
