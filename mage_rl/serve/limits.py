@@ -9,7 +9,8 @@ hides client disconnects from the routes). For every HTTP request it
    ``Content-Length`` says so, and while reading it otherwise (chunked uploads);
 3. gives the body ``body_timeout_s`` to arrive: a client that announced more bytes than
    it sends gets a 408 instead of holding the connection forever;
-4. turns any unexpected exception into an OpenAI-shaped 500 and keeps serving.
+4. turns any unexpected exception into an OpenAI-shaped 500 and keeps serving, and a
+   request cancelled by a shutdown's drain limit into a 503.
 
 :func:`parse_json` then parses the body off the event loop and refuses, with 400s, what
 would otherwise reach the model as a 500: nesting deeper than :data:`MAX_JSON_DEPTH`
@@ -44,6 +45,7 @@ for about 30 ms per MB of text when it hands its result back."""
 DEFAULT_BODY_TIMEOUT_S = 30.0
 MAX_JSON_DEPTH = 32
 PUBLIC_PATHS = ("/health",)
+_SHUTDOWN_MESSAGE = "the server is shutting down and could not finish this request; retry"
 
 
 class Guard:
@@ -97,6 +99,10 @@ class Guard:
         except APIError as error:
             if not started:
                 await send_error(send, error)
+        except asyncio.CancelledError:  # the drain limit of a shutdown ran out
+            if not started:
+                await send_error(send, APIError(503, _SHUTDOWN_MESSAGE, "server_error"))
+            raise
         except Exception:  # the last line of defence: log it, answer 500, keep serving
             logger.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
             if not started:
