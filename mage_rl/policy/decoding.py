@@ -231,12 +231,6 @@ class RunningBatch:
         finally:
             self.stats.compute_seconds += time.perf_counter() - start
 
-    def fail_all(self, error: BaseException) -> None:
-        """Answer every row with ``error`` and empty the batch."""
-        for request in self.rows:
-            self._fail(request, error)
-        self._reset()
-
     # -- internals -------------------------------------------------------------------
 
     def _reset(self) -> None:
