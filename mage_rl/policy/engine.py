@@ -315,11 +315,24 @@ class LocalEngine:
             self._queue.put(request)
 
     def _run(self) -> None:
-        """Worker loop: admit waiting requests, run one decode step, repeat."""
+        """Worker thread: run the loop; should it fail, close the engine and answer all."""
         batch = RunningBatch(
             self.model, self.tokenizer, pad_id=self.pad_id, eos_ids=self.eos_ids, stats=self.stats
         )
         waiting: deque[DecodeRequest] = deque()
+        try:
+            self._loop(batch, waiting)
+        except BaseException as error:  # a bug here must not leave callers waiting forever
+            logger.exception("engine %s worker stopped", self.name)
+            with self._start_lock:
+                self._closed = True
+            for request in [*batch.rows, *waiting]:
+                request.resolve(EngineClosedError(f"engine {self.name!r} failed: {error!r}"))
+            self._fail_pending()
+            self._set_busy(False)
+
+    def _loop(self, batch: RunningBatch, waiting: deque[DecodeRequest]) -> None:
+        """Admit waiting requests, run one decode step, repeat until shutdown."""
         shutdown = False
         while True:
             if not batch:

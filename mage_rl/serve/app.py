@@ -57,7 +57,13 @@ from mage_rl.serve.limits import (
     Guard,
     parse_json,
 )
-from mage_rl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from mage_rl.serve.protocol import (
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +247,10 @@ def create_app(
         out: dict[str, Any] = {
             **meta,
             "object": "chat.completion",
-            "choices": [_chat_choice(state, body, c) for c in choices],
+            # Log-probs decode every token and its alternatives: off the event loop too.
+            "choices": await asyncio.to_thread(
+                lambda: [_chat_choice(state, body, c) for c in choices]
+            ),
             "usage": _usage(len(prompt), choices),
         }
         if body.return_token_ids:
@@ -277,7 +286,9 @@ def create_app(
         out = {
             **meta,
             "object": "text_completion",
-            "choices": [_completion_choice(state, body, p, c) for p, c in choices],
+            "choices": await asyncio.to_thread(
+                lambda: [_completion_choice(state, body, p, c) for p, c in choices]
+            ),
             "usage": {
                 "prompt_tokens": sum(len(p) for p in prompts),
                 "completion_tokens": sum(len(c.generation.response_ids) for _, c in choices),
@@ -303,6 +314,17 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
 
 def _validate(raw: bytes, model: type[RequestT]) -> RequestT:
     data = parse_json(raw)
+    # Counted before validation: pydantic validates a whole list in one call that holds
+    # the interpreter lock, so a huge list would pause every other request meanwhile.
+    for field, limit in (("messages", MAX_MESSAGES), ("prompt", MAX_PROMPTS)):
+        items = data.get(field)
+        if isinstance(items, list) and len(items) > limit:
+            if field == "prompt" and all(isinstance(x, int) for x in items):
+                continue  # one prompt of token ids; the context bounds it later
+            raise APIError(
+                400, f"{field} holds {len(items)} items; this server takes at most {limit}",
+                param=field,
+            )  # fmt: skip
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -316,7 +338,12 @@ def _validate(raw: bytes, model: type[RequestT]) -> RequestT:
 
 
 async def _gather(runs: list[Awaitable[list[Choice]]]) -> list[list[Choice]]:
-    return list(await asyncio.gather(*runs))
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:  # one prompt failed or the client left: the others stop decoding too
+        for task in tasks:
+            task.cancel()
 
 
 async def _answered(request: Request, work: Awaitable[T]) -> T:

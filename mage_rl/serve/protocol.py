@@ -29,6 +29,11 @@ Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Bool = Annotated[bool, Field(strict=True)]
 
 MAX_N = 16
+MAX_MESSAGES = 4096
+"""Messages per chat: validating each costs the event loop time, so a body of 100k tiny
+messages would stall every other request."""
+MAX_PROMPTS = 256
+"""Prompts in one batched text completion."""
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 MAX_LEGACY_LOGPROBS = 5

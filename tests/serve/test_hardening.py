@@ -23,7 +23,7 @@ from .conftest import MODEL, Server
 
 GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 GOOD_COMPLETION = {"model": MODEL, "prompt": "card", "max_tokens": 4}
-BODY_LIMIT = 64 << 10
+BODY_LIMIT = 256 << 10
 
 # Values that must never cause a 5xx, by sampling field. Some are valid (a tiny top_p keeps
 # the most likely token; a top_k beyond the vocabulary keeps all): those must be served.
@@ -107,6 +107,9 @@ def _bad_requests(seed: int = 0) -> list[tuple[str, bytes]]:
         out.append(("/chat/completions", body_bytes))
     out += [("/chat/completions", b) for b in _raw_bodies(rng)]
     out += [("/completions", b) for b in _raw_bodies(rng)[:20]]
+    many = {**GOOD, "messages": [{"role": "user", "content": "x"}] * 4097}
+    out += [("/chat/completions", json.dumps(many).encode())] * 3
+    out += [("/completions", json.dumps({**GOOD_COMPLETION, "prompt": ["x"] * 257}).encode())]
     big = {**GOOD, "messages": [{"role": "user", "content": "x" * (BODY_LIMIT + 1)}]}
     out += [("/chat/completions", json.dumps(big).encode())] * 5
     return out
