@@ -285,37 +285,36 @@ def test_closed_engine_refuses_requests(tiny) -> None:
 
 def test_late_requests_join_the_running_batch_with_exact_logprobs(tiny, engine) -> None:
     model, tokenizer = tiny
+    long = SamplingParams(temperature=1.0, max_tokens=400, seed=0)
+    late = [SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i, seed=i) for i in range(3)]
 
-    async def main() -> tuple[list[Generation], list[float]]:
-        loop = asyncio.get_running_loop()
-        done_at: list[float] = []
-        long = SamplingParams(temperature=1.0, max_tokens=200, seed=0)
+    async def main() -> list[Generation]:
+        decoding = asyncio.Event()
+        drawn: list[int] = []
 
-        async def timed(messages, params) -> Generation:
-            generation = await engine.generate(messages, params)
-            done_at.append(loop.time())
-            return generation
+        def on_token(token: int, _logprob: float, _top: list) -> None:
+            drawn.append(token)
+            if len(drawn) == 20:
+                decoding.set()
 
         first = asyncio.create_task(
-            engine.generate_from_ids(render_prompt(tokenizer, chat(2)), long, ignore_eos=True)
+            engine.generate_from_ids(
+                render_prompt(tokenizer, chat(2)), long, on_token=on_token, ignore_eos=True
+            )
         )
-        await asyncio.sleep(0.3)  # the long request is decoding by now
-        late = [
-            SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i, seed=i) for i in range(3)
-        ]
+        await decoding.wait()  # the long request is 20 tokens into its decode loop
+        # Prompts longer (20) and shorter (1) than the running cache: both get padded.
         joined = await asyncio.gather(
-            *(timed(chat(n), p) for n, p in zip((20, 1, 9), late, strict=True))
+            *(engine.generate(chat(n), p) for n, p in zip((20, 1, 9), late, strict=True))
         )
         assert not first.done(), "the late requests must finish while the long one decodes"
-        return [await first, *joined], [p.temperature for p in (long, *late)]
+        assert len(drawn) < 400
+        return [await first, *joined]
 
-    generations, _ = asyncio.run(main())
+    generations = asyncio.run(main())
     assert engine.stats.batches >= 2 and engine.stats.largest_batch >= 2
-    assert len(generations[0].response_ids) == 200  # ignore_eos: decoded to max_tokens
-    params = [SamplingParams(temperature=1.0, max_tokens=200)] + [
-        SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i) for i in range(3)
-    ]
-    for generation, p in zip(generations, params, strict=True):
+    assert len(generations[0].response_ids) == 400  # ignore_eos: decoded to max_tokens
+    for generation, p in zip(generations, [long, *late], strict=True):
         # Rows merged into a running cache (left-padded to its length) see exactly what
         # they would see alone.
         assert_logprobs_match(model, generation, p)
