@@ -14,17 +14,25 @@ What it measures:
    the same responses and generates the same number of tokens, up to rare last-bit
    differences of padded batches (the report shows each level's token count).
 3. Report wall time, requests per second, generated tokens per second (``usage`` of the
-   responses), latency (mean, p50, p95), the engine's batches and mean batch size over
-   the level, and process CPU time over wall time.
+   responses), latency (mean, p50, p95), the engine's admissions and mean batch (rows
+   sampled together per decode step) over the level, and process CPU time over wall
+   time.
+4. Head-of-line blocking: one streamed request generating ``long_tokens`` tokens
+   (``ignore_eos``, so it cannot end early) starts; ``delay_s`` after its first token, a
+   request for ``short_tokens`` tokens is sent, and its latency is timed. With continuous
+   batching it joins the running decode loop at the next step instead of waiting for the
+   long one to finish. The long request is then abandoned (which cancels it).
 
 The ratio of the largest client count to one client, of requests/s and tokens/s, is the
-claim: how much batching concurrent requests into shared forward passes buys over HTTP.
-Absolute figures depend on the machine and on what else runs on it.
+claim: how much batching concurrent requests into shared forward passes buys over HTTP;
+with it, the mean batch at the largest count and the short request's latency. Absolute
+figures depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
 import time
@@ -68,6 +76,9 @@ def bench_serve(
     rounds: int = 1,
     threads: int | None = None,
     on_request: Callable[[int], None] | None = None,
+    long_tokens: int = 3000,
+    short_tokens: int = 16,
+    delay_s: float = 1.0,
 ) -> dict[str, Any]:
     """Time ``requests`` chat completions through the HTTP server at each client count.
 
@@ -87,15 +98,22 @@ def bench_serve(
             OpenMP barrier waits that slow multi-threaded forward passes unevenly.
         on_request: Called with the client count each time a request is answered (for
             progress bars).
+        long_tokens: Head-of-line test: tokens of the long request (capped by the
+            context); 0 skips the test.
+        short_tokens: Tokens of the short request sent behind it.
+        delay_s: Seconds between the long request's first token and the short request.
 
     Returns:
         ``{"config": {...}, "levels": {c: {...}}, "ratios": {...}}``. Each level has
         ``clients``, ``requests``, ``wall_s``, ``requests_per_s``, ``completion_tokens``,
         ``tokens_per_s``, ``latency_mean_s``, ``latency_p50_s``, ``latency_p95_s``,
-        ``batches``, ``mean_batch``, ``cpu_cores`` and ``round_wall_s`` (every round's
-        wall time). ``ratios`` compares the largest client
-        count with the smallest (``requests_per_s`` and ``tokens_per_s``); it is empty
-        when only one count ran.
+        ``batches`` (admissions), ``mean_batch`` (rows per decode step), ``cpu_cores``
+        and ``round_wall_s`` (every round's wall time). ``ratios`` compares the largest
+        client count with the smallest (``requests_per_s`` and ``tokens_per_s``); it is
+        empty when only one count ran. ``head_of_line`` (absent when ``long_tokens`` is
+        0) has ``short_latency_s``, ``short_tokens``, ``long_tokens`` (asked),
+        ``long_tokens_before`` (streamed before the short request was sent) and
+        ``long_still_running`` (when the short one was answered).
 
     Raises:
         ValueError: On a client count or ``requests`` below 1, repeated client counts, or
@@ -115,6 +133,11 @@ def bench_serve(
         raise ValueError(f"threads must be >= 1, got {threads}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if long_tokens < 0 or short_tokens < 1 or delay_s < 0:
+        raise ValueError(
+            f"long_tokens={long_tokens}, short_tokens={short_tokens}, delay_s={delay_s}: "
+            "give long_tokens >= 0 (0 skips the test), short_tokens >= 1 and delay_s >= 0"
+        )
     try:
         import openai  # noqa: F401 - checked here for a clear message
     except ImportError as error:
@@ -131,7 +154,10 @@ def bench_serve(
         torch.set_num_threads(threads)
     try:
         used_threads = torch.get_num_threads()
-        runs = _measure(model, clients, requests, max_tokens, dtype, seed, rounds, on_request)
+        runs, head = _measure(
+            model, clients, requests, max_tokens, dtype, seed, rounds, on_request,
+            (long_tokens, short_tokens, delay_s),
+        )  # fmt: skip
     finally:
         torch.set_num_threads(previous_threads)
     levels = {}
@@ -152,11 +178,12 @@ def bench_serve(
             "max_tokens": max_tokens,
             "seed": seed,
             "rounds": rounds,
-            "max_batch_size": max(clients),
+            "max_batch_size": max(*clients, 2),
             "torch_threads": used_threads,
         },
         "levels": levels,
         "ratios": ratios,
+        **({"head_of_line": head} if head else {}),
     }
 
 
@@ -169,8 +196,10 @@ def _measure(
     seed: int,
     rounds: int,
     on_request: Callable[[int], None] | None,
-) -> dict[int, list[dict[str, Any]]]:
-    """Start the server and run every client count ``rounds`` times, alternating."""
+    head_of_line: tuple[int, int, float],
+) -> tuple[dict[int, list[dict[str, Any]]], dict[str, Any] | None]:
+    """Start the server, run every client count ``rounds`` times (alternating), then the
+    head-of-line test."""
     import openai
 
     from mage_rl.policy.engine import LocalEngine
@@ -179,8 +208,9 @@ def _measure(
 
     lm, tokenizer = load_model(model, dtype=dtype)
     runs: dict[int, list[dict[str, Any]]] = {count: [] for count in clients}
+    batch = max(*clients, 2)  # the head-of-line test needs two rows
     with (
-        LocalEngine(lm, tokenizer, max_batch_size=max(clients), seed=seed, name=model) as engine,
+        LocalEngine(lm, tokenizer, max_batch_size=batch, seed=seed, name=model) as engine,
         serve_in_thread(create_app(engine, model)) as url,
     ):
         warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
@@ -197,7 +227,14 @@ def _measure(
                     count, runs[count][-1]["wall_s"], runs[count][-1]["requests_per_s"],
                     runs[count][-1]["tokens_per_s"],
                 )  # fmt: skip
-    return runs
+        head = None
+        if head_of_line[0] > 0:
+            head = asyncio.run(_head_of_line(engine, url, model, seed, *head_of_line))
+            logger.info(
+                "bench serve: %d-token request behind a %d-token one answered in %.2fs",
+                head["short_tokens"], head["long_tokens"], head["short_latency_s"],
+            )  # fmt: skip
+    return runs, head
 
 
 async def _run_level(
@@ -215,7 +252,8 @@ async def _run_level(
 
     latencies: list[float] = []
     tokens = 0
-    batches, answered = engine.stats.batches, engine.stats.requests
+    stats = engine.stats
+    batches, steps, rows = stats.batches, stats.steps, stats.step_rows
 
     async def client(aclient: openai.AsyncOpenAI, indices: range) -> None:
         nonlocal tokens
@@ -240,7 +278,6 @@ async def _run_level(
         )
         wall = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
-    n_batches = engine.stats.batches - batches
     ordered = sorted(latencies)
     return {
         "clients": clients,
@@ -252,9 +289,65 @@ async def _run_level(
         "latency_mean_s": statistics.fmean(latencies),
         "latency_p50_s": ordered[len(ordered) // 2],
         "latency_p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-        "batches": n_batches,
-        "mean_batch": (engine.stats.requests - answered) / max(n_batches, 1),
+        "batches": stats.batches - batches,
+        "mean_batch": (stats.step_rows - rows) / max(stats.steps - steps, 1),
         "cpu_cores": cpu / wall,
+    }
+
+
+async def _head_of_line(
+    engine: Any,
+    url: str,
+    model: str,
+    seed: int,
+    long_tokens: int,
+    short_tokens: int,
+    delay_s: float,
+) -> dict[str, Any]:
+    """Time a short request sent while a long one decodes (see the module docstring)."""
+    import openai
+
+    from mage_rl.policy.tokenization import render_prompt
+
+    prompt_len = len(render_prompt(engine.tokenizer, bench_prompt(0)))
+    long_tokens = min(long_tokens, engine.max_context - prompt_len - 1)
+    streamed = 0
+    first = asyncio.Event()
+    async with openai.AsyncOpenAI(
+        base_url=url, api_key="bench", max_retries=0, timeout=600
+    ) as aclient:
+
+        async def run_long() -> None:
+            nonlocal streamed
+            stream = await aclient.chat.completions.create(
+                model=model, messages=bench_prompt(0), max_tokens=long_tokens, seed=seed,
+                stream=True, extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            async for _chunk in stream:
+                streamed += 1
+                first.set()
+
+        long = asyncio.create_task(run_long())
+        await first.wait()
+        await asyncio.sleep(delay_s)
+        before = streamed
+        start = time.perf_counter()
+        reply = await aclient.chat.completions.create(
+            model=model, messages=bench_prompt(1), max_tokens=short_tokens, seed=seed + 1,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        latency = time.perf_counter() - start
+        still_running = not long.done()
+        long.cancel()  # hang up: the server cancels the long request
+        with contextlib.suppress(asyncio.CancelledError):
+            await long
+    return {
+        "short_latency_s": latency,
+        "short_tokens": reply.usage.completion_tokens if reply.usage else short_tokens,
+        "long_tokens": long_tokens,
+        "long_tokens_before": max(before - 1, 0),  # the first chunk carries no token
+        "long_still_running": still_running,
+        "delay_s": delay_s,
     }
 
 
@@ -285,6 +378,17 @@ def format_serve_report(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"{max(counts)} clients / {min(counts)} client(s): {ratios['requests_per_s']:.2f}x "
-            f"requests/s, {ratios['tokens_per_s']:.2f}x tokens/s.",
+            f"requests/s, {ratios['tokens_per_s']:.2f}x tokens/s; mean batch at "
+            f"{max(counts)} clients: {result['levels'][max(counts)]['mean_batch']:.1f}.",
+        ]
+    head = result.get("head_of_line")
+    if head:
+        running = "still decoding" if head["long_still_running"] else "already finished"
+        lines += [
+            "",
+            f"Head of line: a {head['short_tokens']}-token request sent {head['delay_s']:g} s "
+            f"after a {head['long_tokens']}-token one started streaming (which had streamed "
+            f"{head['long_tokens_before']} tokens) was answered in "
+            f"{head['short_latency_s']:.2f} s; the long request was {running}.",
         ]
     return "\n".join(lines)

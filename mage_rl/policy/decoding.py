@@ -1,19 +1,36 @@
-"""Decode one batch of requests together: left-padded prefill, then cached decode steps.
+"""Continuous batching: the sequences being decoded share forward passes and a KV cache.
 
-This is the compute half of :class:`~mage_rl.policy.engine.LocalEngine`; it runs on the
-engine's worker thread and never touches an event loop.
+Everything here runs on the engine's worker thread and never touches an event loop. A
+:class:`RunningBatch` holds the sequences in flight and their key/value cache:
 
-1. Left-pad the prompts to a common length ``T``; the attention mask hides the padding
-   and ``position_ids`` count only real tokens, so each row sees exactly what it would
-   see alone. A constrained request's prompt is followed by the tokens all its choices
-   share (``<action>`` of ``<action>PASS</action>`` and ``<action>BET</action>``): they
-   have only one allowed value, log-prob 0, and need no decode step of their own.
-2. Prefill: one forward pass over ``(B, T)`` fills the KV cache and gives the logits of
-   the first response token (only the last position's logits are computed).
-3. Each decode step samples one token per row (:mod:`mage_rl.policy.sampling`), checks
-   EOS, stop strings and the length limit, and runs ONE forward pass over ``(B', 1)`` for
-   the rows still going. A finished row leaves the batch (its KV cache rows are dropped)
-   and its request is answered immediately rather than at the end of the batch.
+1. Admission (:meth:`RunningBatch.admit`): the newcomers' prompts are left-padded to a
+   common length ``T`` (the attention mask hides the padding, ``position_ids`` count only
+   real tokens, so each row sees exactly what it would see alone) and prefilled in one
+   forward pass over ``(B_new, T)``, which gives their KV cache and the logits of their
+   first response token. Their cache then joins the running one: the shorter of the two
+   is left-padded with masked zero columns and the rows are concatenated. A request
+   therefore joins a running decode loop at its next step instead of waiting for it to
+   end. A constrained request's prompt is followed by the tokens all its choices share
+   (``<action>`` of ``<action>PASS</action>`` and ``<action>BET</action>``): they have
+   only one allowed value, log-prob 0, and need no decode step of their own.
+2. Step (:meth:`RunningBatch.step`): sample one token per row from its pending logits
+   (:mod:`mage_rl.policy.sampling`, each row with its own generator), check EOS, stop
+   strings and the length limit, answer the rows that ended, drop them with their cache
+   rows (and the leading cache columns no remaining row attends to), and run ONE forward
+   pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it any more)
+   leaves before the next sample.
+3. Isolation: sampling, the per-token callback and the end checks run per row; an
+   exception there settles only its own request. A forward pass covers all its rows, so
+   its failure fails them all (there is no partial result to keep); a failed prefill
+   fails only the newcomers.
+
+Sessions (a conversation's KV cache kept between turns) fit this loop: a request that
+brought the cache of its earlier turns would be prefilled on its new tokens only, on top
+of that cache, and merged like any newcomer, since merging takes caches of any length.
+
+Merging needs full-attention cache layers (``DynamicLayer``); for a model with sliding
+window layers :attr:`RunningBatch.mergeable` is False and newcomers wait until the batch
+is empty (static batching).
 """
 
 from __future__ import annotations
@@ -24,11 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation, SamplingParams
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
-from mage_rl.policy.sampling import draw, sampling_logprobs
+from mage_rl.policy.sampling import draw_row, sampling_logprobs
 from mage_rl.policy.tokenization import find_stop
 
 logger = logging.getLogger(__name__)
@@ -44,13 +63,15 @@ class DecodeRequest:
         generator: This request's random stream.
         max_new_tokens: ``params.max_tokens`` capped by the model's context length.
         resolve: Called once, from the worker thread, with the finished
-            :class:`Generation` or the exception that ended the batch.
+            :class:`Generation` or the exception that ended the request.
         cancelled: Returns True when nobody waits for the answer any more.
         on_token: Called from the worker thread with every sampled token, before the
             request is resolved: ``(token_id, logprob, top)``, where ``top`` holds the
             ``top_logprobs`` most likely ``(token_id, logprob)`` pairs of the distribution
             the token was drawn from (empty when ``top_logprobs`` is 0). For streaming.
         top_logprobs: How many alternatives ``on_token`` receives per token.
+        ignore_eos: Keep decoding past end-of-sequence tokens, until ``max_new_tokens``
+            or a stop string (benchmarks that need a known response length).
         response_ids: Sampled ids so far.
         logprobs: Their recorded log-probs.
         candidates: Constrained decoding: the token ids of every allowed response
@@ -66,6 +87,7 @@ class DecodeRequest:
     cancelled: Callable[[], bool] = lambda: False
     on_token: Callable[[int, float, list[tuple[int, float]]], None] | None = None
     top_logprobs: int = 0
+    ignore_eos: bool = False
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     candidates: list[list[int]] | None = None
@@ -78,15 +100,20 @@ class DecodeStats:
     """Counters over the engine's lifetime, for logs, benchmarks and tests.
 
     Attributes:
-        batches: Batches run.
-        requests: Requests answered.
-        forward_passes: Model forward passes (one prefill plus one per decode step).
+        batches: Admissions: groups of requests prefilled together (a group that arrives
+            while others decode joins them; see the module docstring).
+        requests: Requests admitted.
+        forward_passes: Model forward passes (one per admission plus one per decode step).
         prompt_tokens: Real (unpadded) tokens prefilled: the prompts, and the tokens
             every choice of a constrained request starts with.
         generated_tokens: Tokens sampled (a constrained request's shared leading tokens
             and the rest of its choice once only one is left are taken, not sampled).
         largest_batch: Most requests decoded together.
-        compute_seconds: Wall time spent in batches.
+        steps: Sampling steps (one token drawn for every row in flight).
+        step_rows: Rows over all sampling steps; ``step_rows / steps`` is the mean batch.
+        cancelled: Requests dropped because nobody waited for them any more.
+        failed: Requests ended by an error.
+        compute_seconds: Wall time spent prefilling and decoding.
     """
 
     batches: int = 0
@@ -95,159 +122,366 @@ class DecodeStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     largest_batch: int = 0
+    steps: int = 0
+    step_rows: int = 0
+    cancelled: int = 0
+    failed: int = 0
     compute_seconds: float = 0.0
 
+    @property
+    def mean_batch(self) -> float:
+        """Mean rows sampled together per step."""
+        return self.step_rows / max(self.steps, 1)
 
-def decode_batch(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    requests: list[DecodeRequest],
-    *,
-    pad_id: int,
-    eos_ids: set[int],
-    stats: DecodeStats,
-) -> None:
-    """Generate a response for every request, answering each as soon as it ends.
+
+class RunningBatch:
+    """The sequences in flight, their shared KV cache and their pending logits.
 
     Args:
         model: A causal LM that accepts ``past_key_values``, ``attention_mask``,
             ``position_ids`` and ``logits_to_keep``.
         tokenizer: Decodes response ids into text.
-        requests: The batch; every prompt is non-empty.
         pad_id: Id used for left padding (masked out, so its value does not matter).
         eos_ids: Ids that end a response; the EOS token is kept in ``response_ids``.
         stats: Counters updated in place.
     """
-    start = time.perf_counter()
-    device = next(model.parameters()).device
-    active = list(requests)
-    # Counted up front: callers may read the stats as soon as the last request resolves.
-    stats.batches += 1
-    stats.requests += len(requests)
-    stats.largest_batch = max(stats.largest_batch, len(requests))
-    try:
-        # Tokens every allowed choice shares (``<action>`` of ``<action>PASS</action>`` and
-        # ``<action>BET</action>``) are not drawn: they go into the prefill with the prompt.
-        active = [r for r in active if not _force_prefix(r, tokenizer)]
-        if not active:
-            return
-        with torch.inference_mode():
-            input_ids, attention_mask = _left_pad(
-                [r.prompt_ids + r.response_ids for r in active], pad_id, device
-            )  # (B, T), (B, T)
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-            next_position = attention_mask.sum(-1)  # (B,)
-            cache = DynamicCache(config=model.config)
-            logits = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1, :]  # (B, V)
-            stats.forward_passes += 1
-            stats.prompt_tokens += int(next_position.sum())
 
-            temperature = torch.tensor([r.params.temperature for r in active], device=device)
-            top_k = torch.tensor([r.params.top_k for r in active], device=device)
-            top_p = torch.tensor([r.params.top_p for r in active], device=device)
-            while True:
-                logp = sampling_logprobs(logits, temperature, top_k, top_p)  # (B, V)
-                _constrain(active, logits, logp)
-                tokens, token_logp = draw(
-                    logp, [r.params.temperature == 0 for r in active], [r.generator for r in active]
-                )
-                stats.generated_tokens += len(active)
-                _report_tokens(active, tokens, token_logp, logp)
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        pad_id: int,
+        eos_ids: set[int],
+        stats: DecodeStats,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_id = pad_id
+        self.eos_ids = eos_ids
+        self.stats = stats
+        self.device = next(model.parameters()).device
+        self.mergeable = True
+        self._reset()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def can_admit(self) -> bool:
+        """Whether newcomers can join now (always, unless the cache cannot be merged)."""
+        return not self.rows or self.mergeable
+
+    def admit(self, requests: list[DecodeRequest]) -> None:
+        """Prefill ``requests`` and add them to the batch; they sample at the next step."""
+        start = time.perf_counter()
+        # Counted up front: callers may read the stats as soon as a request resolves.
+        self.stats.batches += 1
+        self.stats.requests += len(requests)
+        try:
+            # Tokens every allowed choice shares go into the prefill with the prompt.
+            fresh = [
+                r for r in requests if not self._isolated(r, self._force_prefix, r, failed=True)
+            ]
+            if not fresh:
+                return
+            try:
+                with torch.inference_mode():
+                    group = self._prefill(fresh)
+            except Exception as error:  # only the newcomers were in this forward pass
+                logger.exception("prefill of %d requests failed", len(fresh))
+                for request in fresh:
+                    self._fail(request, error)
+                return
+            self._merge(*group)
+            self.stats.largest_batch = max(self.stats.largest_batch, len(self.rows))
+        finally:
+            self.stats.compute_seconds += time.perf_counter() - start
+
+    def step(self) -> None:
+        """Sample one token for every row, answer those that ended, decode the rest."""
+        start = time.perf_counter()
+        try:
+            self._keep([i for i, r in enumerate(self.rows) if not self._dropped(r)])
+            if not self.rows:
+                return
+            self.stats.steps += 1
+            self.stats.step_rows += len(self.rows)
+            with torch.inference_mode():
+                drawn, logp = self._sample()
+                self.stats.generated_tokens += len(drawn)
+                self._report(drawn, logp)
                 keep = [
                     i
-                    for i, (request, token, lp) in enumerate(
-                        zip(active, tokens.tolist(), token_logp.tolist(), strict=True)
+                    for i, (token, lp) in drawn.items()
+                    if not self._isolated(
+                        self.rows[i], self._advance, self.rows[i], token, lp, failed=True
                     )
-                    if not _advance(request, token, lp, tokenizer, eos_ids)
                 ]
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, device=device)
-                    cache.batch_select_indices(index)
-                    active = [active[i] for i in keep]
-                    tokens, attention_mask = tokens[index], attention_mask[index]
-                    next_position = next_position[index]
-                    temperature, top_k, top_p = temperature[index], top_k[index], top_p[index]
-                ones = attention_mask.new_ones((len(active), 1))
-                attention_mask = torch.cat([attention_mask, ones], dim=-1)  # (B', T + t)
-                logits = model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attention_mask,
-                    position_ids=next_position[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                ).logits[:, -1, :]  # (B', V)
-                next_position = next_position + 1
-                stats.forward_passes += 1
-    except BaseException as error:  # answer every waiting request, whatever went wrong
-        logger.exception("decode batch of %d requests failed", len(requests))
-        for request in active:
-            request.resolve(error)
-        if not isinstance(error, Exception):
-            raise
-    finally:
-        elapsed = time.perf_counter() - start
-        stats.compute_seconds += elapsed
-        logger.debug("decoded a batch of %d requests in %.3fs", len(requests), elapsed)
+                tokens = [drawn[i][0] for i in keep]
+                self._keep(keep)
+                if self.rows:
+                    self._decode(torch.tensor(tokens, dtype=torch.long, device=self.device))
+        except BaseException as error:  # a forward pass failed: answer every row in it
+            logger.exception("decode step of %d requests failed", len(self.rows))
+            for request in self.rows:
+                self._fail(request, error)
+            self._reset()
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            self.stats.compute_seconds += time.perf_counter() - start
 
+    # -- internals -------------------------------------------------------------------
 
-def _report_tokens(
-    active: list[DecodeRequest],
-    tokens: torch.Tensor,
-    token_logp: torch.Tensor,
-    logp: torch.Tensor,
-) -> None:
-    """Hand each sampled token, with its top alternatives when asked, to ``on_token``."""
-    rows = [i for i, r in enumerate(active) if r.on_token is not None and not r.cancelled()]
-    if not rows:
-        return
-    k = max(active[i].top_logprobs for i in rows)
-    top_ids: list[list[int]] = [[] for _ in rows]
-    top_lp: list[list[float]] = [[] for _ in rows]
-    if k > 0:
-        values, indices = torch.topk(logp[rows], min(k, logp.shape[-1]), dim=-1)  # (R, k)
-        top_ids, top_lp = indices.tolist(), values.tolist()
-    for j, i in enumerate(rows):
-        request = active[i]
-        n = request.top_logprobs
-        top = list(zip(top_ids[j][:n], top_lp[j][:n], strict=True))
-        request.on_token(int(tokens[i]), float(token_logp[i]), top)  # type: ignore[misc]
+    def _reset(self) -> None:
+        self.rows: list[DecodeRequest] = []
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # (B, L)
+        self.next_position = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,)
+        self.logits: torch.Tensor | None = None  # (B, V): each row's next-token logits
+        self.temperature = torch.zeros(0, device=self.device)  # (B,)
+        self.top_k = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,)
+        self.top_p = torch.zeros(0, device=self.device)  # (B,)
 
+    def _prefill(self, requests: list[DecodeRequest]) -> tuple:
+        input_ids, mask = _left_pad(
+            [r.prompt_ids + r.response_ids for r in requests], self.pad_id, self.device
+        )  # (B, T), (B, T)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]  # (B, V)
+        self.stats.forward_passes += 1
+        next_position = mask.sum(-1)  # (B,)
+        self.stats.prompt_tokens += int(next_position.sum())
+        vocab = logits.shape[-1]
+        # top_k >= V keeps every token, like 0; clamping keeps any huge value in int64.
+        sampling = (
+            torch.tensor([r.params.temperature for r in requests], device=self.device),
+            torch.tensor([min(r.params.top_k, vocab) for r in requests], device=self.device),
+            torch.tensor([r.params.top_p for r in requests], device=self.device),
+        )
+        return requests, cache, mask, next_position, logits, sampling
 
-def _constrain(active: list[DecodeRequest], logits: torch.Tensor, logp: torch.Tensor) -> None:
-    """Replace the rows of constrained requests by their restricted distribution, in place."""
-    for i, request in enumerate(active):
-        if request.candidates is None:
-            continue
-        allowed = allowed_next(request.candidates, request.response_ids)
-        logp[i] = restricted_logprobs(logits[i], request.params.temperature, allowed)
-        request.allowed.append(allowed)
+    def _merge(
+        self,
+        requests: list[DecodeRequest],
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        next_position: torch.Tensor,
+        logits: torch.Tensor,
+        sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> None:
+        """Add a prefilled group to the batch, left-padding the shorter cache."""
+        self.mergeable = all(type(layer) is DynamicLayer for layer in cache.layers)
+        if not self.rows:
+            self.rows, self.cache, self.mask = list(requests), cache, mask
+            self.next_position, self.logits = next_position, logits
+            self.temperature, self.top_k, self.top_p = sampling
+            return
+        assert self.cache is not None and self.logits is not None
+        width = max(self.mask.shape[1], mask.shape[1])
+        for ours, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            if not getattr(theirs, "is_initialized", False):
+                continue  # a layer that shares another's cache holds nothing of its own
+            ours.keys = torch.cat([_pad_time(ours.keys, width), _pad_time(theirs.keys, width)])
+            ours.values = torch.cat(
+                [_pad_time(ours.values, width), _pad_time(theirs.values, width)]
+            )
+        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+        self.next_position = torch.cat([self.next_position, next_position])
+        self.logits = torch.cat([self.logits, logits])
+        self.temperature = torch.cat([self.temperature, sampling[0]])
+        self.top_k = torch.cat([self.top_k, sampling[1]])
+        self.top_p = torch.cat([self.top_p, sampling[2]])
+        self.rows += requests
 
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows ``keep`` (in order), and trim cache columns no row uses."""
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self._reset()
+            return
+        index = torch.tensor(keep, device=self.device)
+        self.rows = [self.rows[i] for i in keep]
+        assert self.cache is not None and self.logits is not None
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_position = self.mask[index], self.next_position[index]
+        self.logits = self.logits[index]
+        self.temperature, self.top_k = self.temperature[index], self.top_k[index]
+        self.top_p = self.top_p[index]
+        # A long prompt that left the batch would otherwise keep every remaining row
+        # attending over its padding for the rest of the loop.
+        used = self.mask.any(0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first > 0 and self.mergeable:
+            for layer in self.cache.layers:
+                if getattr(layer, "is_initialized", False):
+                    layer.keys = layer.keys[:, :, first:]
+                    layer.values = layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
 
-def _force_prefix(request: DecodeRequest, tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Append the tokens a constrained request must start with; True if that ends it.
+    def _sample(self) -> tuple[dict[int, tuple[int, float]], torch.Tensor]:
+        """Draw a token per row; a row whose sampling fails is answered with the error.
 
-    While only one token is allowed next, it is taken without a forward pass, with
-    log-prob exactly 0 (the restricted distribution has one outcome), and reported to
-    ``on_token`` like a drawn token. A single allowed choice is answered whole here.
-    """
-    if request.candidates is None or request.cancelled():
-        return request.cancelled()
-    for token in _take_forced(request):
-        if request.on_token is not None:
-            request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
-    if not is_complete(request.candidates, request.response_ids):
+        Returns:
+            ``{row: (token, logprob)}`` for the rows that drew, and the ``(B, V)``
+            log-probs they were drawn from.
+        """
+        assert self.logits is not None
+        logits = self.logits
+        failed: set[int] = set()
+        try:
+            logp = sampling_logprobs(logits, self.temperature, self.top_k, self.top_p)
+        except Exception:  # find the row at fault: the others must not pay for it
+            logp = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+            for i, request in enumerate(self.rows):
+                row = self._isolated(
+                    request, sampling_logprobs, logits[i : i + 1], self.temperature[i : i + 1],
+                    self.top_k[i : i + 1], self.top_p[i : i + 1], failed=None,
+                )  # fmt: skip
+                if row is None:
+                    failed.add(i)
+                else:
+                    logp[i : i + 1] = row
+        drawn: dict[int, tuple[int, float]] = {}
+        for i, request in enumerate(self.rows):
+            if i in failed:
+                continue
+            token = self._isolated(request, self._draw, i, logp, failed=None)
+            if token is not None:
+                drawn[i] = (token, float(logp[i, token]))
+        return drawn, logp
+
+    def _draw(self, i: int, logp: torch.Tensor) -> int:
+        """Draw row ``i``'s token; a constrained row first gets its restricted distribution."""
+        assert self.logits is not None
+        request = self.rows[i]
+        if request.candidates is not None:
+            allowed = allowed_next(request.candidates, request.response_ids)
+            logp[i] = restricted_logprobs(self.logits[i], request.params.temperature, allowed)
+            request.allowed.append(allowed)
+        return draw_row(logp[i], request.params.temperature == 0, request.generator)
+
+    def _report(self, drawn: dict[int, tuple[int, float]], logp: torch.Tensor) -> None:
+        """Hand each drawn token, with its top alternatives when asked, to ``on_token``."""
+        rows = [i for i in drawn if self.rows[i].on_token is not None]
+        if not rows:
+            return
+        k = max(self.rows[i].top_logprobs for i in rows)
+        top_ids: list[list[int]] = [[] for _ in rows]
+        top_lp: list[list[float]] = [[] for _ in rows]
+        if k > 0:
+            values, indices = torch.topk(logp[rows], min(k, logp.shape[-1]), dim=-1)  # (R, k)
+            top_ids, top_lp = indices.tolist(), values.tolist()
+        for j, i in enumerate(rows):
+            request = self.rows[i]
+            n = request.top_logprobs
+            top = list(zip(top_ids[j][:n], top_lp[j][:n], strict=True))
+            token, lp = drawn[i]
+            if self._isolated(request, request.on_token, token, lp, top, failed=False) is False:
+                del drawn[i]  # the callback failed: its request is answered with the error
+
+    def _decode(self, tokens: torch.Tensor) -> None:
+        """One forward pass over ``(B, 1)``: each row's last token, giving its next logits."""
+        ones = self.mask.new_ones((len(self.rows), 1))
+        self.mask = torch.cat([self.mask, ones], dim=-1)  # (B, L + 1)
+        self.logits = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.next_position[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        ).logits[:, -1, :]  # (B, V)
+        self.next_position = self.next_position + 1
+        self.stats.forward_passes += 1
+
+    def _dropped(self, request: DecodeRequest) -> bool:
+        """Whether a row leaves without an answer: nobody waits for it any more."""
+        if request.cancelled():
+            self.stats.cancelled += 1
+            return True
         return False
-    _answer(request, "stop", _decode(tokenizer, request.response_ids))
-    return True
+
+    def _isolated(
+        self, request: DecodeRequest, fn: Callable, *args: object, failed: object
+    ) -> object:
+        """``fn(*args)``; if it raises, answer ``request`` with the error, return ``failed``."""
+        try:
+            return fn(*args)
+        except Exception as error:
+            logger.warning("request failed in decoding: %r", error, exc_info=True)
+            self._fail(request, error)
+            return failed
+
+    def _fail(self, request: DecodeRequest, error: BaseException) -> None:
+        self.stats.failed += 1
+        request.resolve(error)
+
+    def _force_prefix(self, request: DecodeRequest) -> bool:
+        """Append the tokens a constrained request must start with; True if that ends it.
+
+        While only one token is allowed next, it is taken without a forward pass, with
+        log-prob exactly 0 (the restricted distribution has one outcome), and reported to
+        ``on_token`` like a drawn token. A single allowed choice is answered whole here. A
+        request cancelled while it queued leaves here too.
+        """
+        if self._dropped(request):
+            return True
+        if request.candidates is None:
+            return False
+        for token in _take_forced(request):
+            if request.on_token is not None:
+                request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
+        if not is_complete(request.candidates, request.response_ids):
+            return False
+        _answer(request, "stop", _decode(self.tokenizer, request.response_ids))
+        return True
+
+    def _advance(self, request: DecodeRequest, token: int, logprob: float) -> bool:
+        """Append one sampled token; answer the request and return True if it is finished."""
+        request.response_ids.append(token)
+        request.logprobs.append(logprob)
+        finish_reason: str | None = None
+        text: str | None = None
+        if token in self.eos_ids and not request.ignore_eos:
+            finish_reason = "stop"
+        elif request.params.stop and request.candidates is None:
+            text = _decode(self.tokenizer, request.response_ids)
+            # A few characters of slack: a multi-byte character split across tokens decodes
+            # to a replacement character that the next token may turn into a shorter string.
+            if find_stop(text, request.params.stop, max(0, request._text_len - 4)):
+                finish_reason = "stop"
+            request._text_len = len(text)
+        if request.candidates is not None:
+            _complete_forced(request)
+            if is_complete(request.candidates, request.response_ids):
+                finish_reason = "stop"
+        if finish_reason is None and len(request.response_ids) >= request.max_new_tokens:
+            finish_reason = "length"
+        if finish_reason is None:
+            return False
+        if text is None:
+            text = _decode(self.tokenizer, request.response_ids)
+        _answer(request, finish_reason, text)
+        return True
+
+
+def _pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad cached states ``(B, H, L, D)`` with zeros to ``(B, H, width, D)``."""
+    return F.pad(states, (0, 0, width - states.shape[-2], 0))
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad an attention mask ``(B, L)`` with zeros (masked) to ``(B, width)``."""
+    return F.pad(mask, (width - mask.shape[-1], 0))
 
 
 def _complete_forced(request: DecodeRequest) -> None:
@@ -275,43 +509,6 @@ def _take_forced(request: DecodeRequest) -> list[int]:
         request.allowed.append([allowed[0]])
         taken.append(allowed[0])
     return taken
-
-
-def _advance(
-    request: DecodeRequest,
-    token: int,
-    logprob: float,
-    tokenizer: PreTrainedTokenizerBase,
-    eos_ids: set[int],
-) -> bool:
-    """Append one sampled token; answer the request and return True if it is finished."""
-    if request.cancelled():
-        return True
-    request.response_ids.append(token)
-    request.logprobs.append(logprob)
-    finish_reason: str | None = None
-    text: str | None = None
-    if token in eos_ids:
-        finish_reason = "stop"
-    elif request.params.stop and request.candidates is None:
-        text = _decode(tokenizer, request.response_ids)
-        # A few characters of slack: a multi-byte character split across tokens decodes to
-        # a replacement character that the next token may turn into a shorter string.
-        if find_stop(text, request.params.stop, max(0, request._text_len - 4)):
-            finish_reason = "stop"
-        request._text_len = len(text)
-    if request.candidates is not None:
-        _complete_forced(request)
-        if is_complete(request.candidates, request.response_ids):
-            finish_reason = "stop"
-    if finish_reason is None and len(request.response_ids) >= request.max_new_tokens:
-        finish_reason = "length"
-    if finish_reason is None:
-        return False
-    _answer(
-        request, finish_reason, _decode(tokenizer, request.response_ids) if text is None else text
-    )
-    return True
 
 
 def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:

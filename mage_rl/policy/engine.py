@@ -1,29 +1,37 @@
-"""A local transformers engine that batches concurrent chat requests.
+"""A local transformers engine that batches concurrent chat requests continuously.
 
-Many agent graphs run concurrently in one asyncio loop during rollouts; each LLM call is
-one ``await engine.generate(...)``. Decoding them one at a time would leave the CPU or GPU
-mostly idle, so the engine batches them:
+Many agent graphs run concurrently in one asyncio loop during rollouts, and many clients
+call ``mage serve`` at once; each LLM call is one ``await engine.generate(...)``. Decoding
+them one at a time would leave the CPU or GPU mostly idle, so the engine batches them:
 
 1. ``generate`` renders the chat template, enqueues the request and awaits a future. The
    event loop is never blocked: all model compute runs on one worker thread.
-2. The worker takes the first waiting request, then keeps collecting while requests
-   keep arriving less than ``batch_wait_ms`` apart (a burst from ``asyncio.gather``
-   trickles in as each task renders its prompt), for at most ``10 * batch_wait_ms`` in
-   all, or until ``max_batch_size``. Requests that queued up while the previous batch
-   ran are taken at once.
-3. The batch is decoded together (:func:`~mage_rl.policy.decoding.decode_batch`): one
-   forward pass per decode step for all its sequences, each sequence leaving when it ends
-   and its future resolved right away.
-4. A request that arrives while a batch runs waits for the next batch (static batching):
-   simple, and every response is sampled from a single set of weights, because
-   :meth:`LocalEngine.update_weights` waits for the running batch to end.
+2. When the worker is idle, it takes the first waiting request, then keeps collecting
+   while requests keep arriving less than ``batch_wait_ms`` apart (a burst from
+   ``asyncio.gather`` trickles in as each task renders its prompt), for at most
+   ``10 * batch_wait_ms`` in all, or until ``max_batch_size``.
+3. The collected requests are prefilled together and decoded in a running batch
+   (:class:`~mage_rl.policy.decoding.RunningBatch`): one forward pass per decode step for
+   all its sequences, each sequence leaving when it ends and its future resolved at once.
+4. Continuous batching: before every decode step the worker admits whatever arrived
+   meanwhile (up to ``max_batch_size`` rows): the newcomers are prefilled and join the
+   running batch, so a short request never waits for a long one to finish.
+5. Cancellation: a request whose awaiting task is cancelled (a client that hung up)
+   leaves the batch before its next token is drawn, so nobody pays for abandoned work.
+
+Weights: every response is sampled from a single set of weights. The rule:
+:meth:`LocalEngine.update_weights` stops admissions, waits until the running batch is
+empty (requests in flight finish with the old weights), swaps the weights between two
+steps while no forward pass runs, then lets the waiting requests in. Weight updates come
+between rollout phases, so the wait is normally nil.
 
 Reproducibility: every request has its own ``torch.Generator``, seeded from
 ``SamplingParams.seed`` or, when that is ``None``, from the engine's seeded stream in
-arrival order. The random draws therefore do not depend on the batch a request lands in.
-The logits can: padding and batch shape change floating-point reduction order in the last
-bits, which can flip a draw in rare cases. Same seed and same batch composition give
-bitwise-identical output; a different composition gives the same output almost always.
+arrival order. The random draws therefore do not depend on the batch a request lands in
+nor on when it joins. The logits can: padding and batch shape change floating-point
+reduction order in the last bits, which can flip a draw in rare cases. Same seed and same
+batch composition give bitwise-identical output; a different composition gives the same
+output almost always.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -43,7 +52,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.constrained import choice_token_ids
-from mage_rl.policy.decoding import DecodeRequest, DecodeStats, decode_batch
+from mage_rl.policy.decoding import DecodeRequest, DecodeStats, RunningBatch
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
 
@@ -67,9 +76,10 @@ class LocalEngine:
             puts it in eval mode.
         tokenizer: Its tokenizer; must have a ``chat_template``.
         max_batch_size: Most requests decoded together.
-        batch_wait_ms: How long the worker waits for one more request before closing a
-            batch (the whole collection lasts at most ten times this). Longer gives bigger
-            batches under bursty load, at the cost of latency for a lone request.
+        batch_wait_ms: When idle, how long the worker waits for one more request before
+            it starts decoding (the whole collection lasts at most ten times this). Longer
+            gives a bigger first prefill under bursty load, at the cost of latency for a
+            lone request; requests arriving later join the running batch anyway.
         batched: ``False`` decodes requests one at a time (``max_batch_size=1``, no
             wait), the baseline for benchmarks.
         seed: Seed of the stream that seeds requests without their own ``seed``.
@@ -121,8 +131,11 @@ class LocalEngine:
         self._device = next(model.parameters()).device
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
-        # Held by the worker for a whole batch, so new weights never land mid-response.
-        self._weights_lock = threading.Lock()
+        # Weight updates and busy periods exclude each other (see the module docstring).
+        self._state = threading.Condition()
+        self._busy = False
+        self._updates_waiting = 0
+        self._update_lock = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -155,8 +168,12 @@ class LocalEngine:
         *,
         on_token: TokenCallback | None = None,
         top_logprobs: int = 0,
+        ignore_eos: bool = False,
     ) -> Generation:
         """Sample one response to already rendered prompt ids (see :meth:`generate`).
+
+        Cancelling the task that awaits this call aborts the request: it leaves the batch
+        before its next token is drawn.
 
         Args:
             prompt_ids: The rendered prompt.
@@ -166,6 +183,8 @@ class LocalEngine:
                 ``top`` lists the ``top_logprobs`` most likely ``(token_id, logprob)``
                 pairs of the sampling distribution.
             top_logprobs: Alternatives per token handed to ``on_token`` (0 for none).
+            ignore_eos: Keep decoding past end-of-sequence tokens (to ``max_tokens`` or a
+                stop string); for benchmarks that need responses of a known length.
         """
         params = params or SamplingParams()
         if top_logprobs < 0:
@@ -201,6 +220,7 @@ class LocalEngine:
             cancelled=future.cancelled,
             on_token=_threadsafe_callback(loop, on_token) if on_token else None,
             top_logprobs=top_logprobs,
+            ignore_eos=ignore_eos,
         )
         self._submit(request)
         return await future
@@ -216,9 +236,9 @@ class LocalEngine:
     ) -> None:
         """Load new weights into :attr:`model` in place.
 
-        Waits for the running batch to finish, so every response is sampled from one set
-        of weights; requests that arrive meanwhile are served with the new weights. Blocks
-        the caller; from async code use ``await asyncio.to_thread(engine.update_weights, sd)``.
+        Stops admitting requests and waits for the running batch to empty, so every
+        response is sampled from one set of weights; requests that arrive meanwhile wait
+        and are served with the new weights. Blocks the caller; from async code use ``await asyncio.to_thread(engine.update_weights, sd)``.
 
         Args:
             state_dict: Parameter tensors by name, in any dtype and on any device; each is
@@ -231,9 +251,18 @@ class LocalEngine:
         Raises:
             KeyError: On unknown or (with ``strict``) missing parameter names.
         """
-        with self._weights_lock:
-            load_weights(self.model, state_dict, strict=strict)
-            self.weight_version += 1
+        with self._update_lock:
+            with self._state:
+                self._updates_waiting += 1
+                while self._busy:
+                    self._state.wait()
+            try:
+                load_weights(self.model, state_dict, strict=strict)
+                self.weight_version += 1
+            finally:
+                with self._state:
+                    self._updates_waiting -= 1
+                    self._state.notify_all()
         logger.info("engine %s loaded weights version %d", self.name, self.weight_version)
 
     def close(self) -> None:
@@ -269,7 +298,9 @@ class LocalEngine:
             with self._seed_lock:
                 seed = self._seeds.getrandbits(63)
         generator = torch.Generator(device=self._device)
-        generator.manual_seed(seed)
+        # torch takes seeds modulo 2**64 (a negative seed wraps); outside that range it
+        # raises, so a seed + choice index past int64 wraps the same way instead.
+        generator.manual_seed(int(seed) % (1 << 64))
         return generator
 
     def _submit(self, request: DecodeRequest) -> None:
@@ -284,37 +315,105 @@ class LocalEngine:
             self._queue.put(request)
 
     def _run(self) -> None:
-        """Worker loop: collect a batch, decode it, repeat until shutdown."""
+        """Worker thread: run the loop; should it fail, close the engine and answer all."""
+        batch = RunningBatch(
+            self.model, self.tokenizer, pad_id=self.pad_id, eos_ids=self.eos_ids, stats=self.stats
+        )
+        waiting: deque[DecodeRequest] = deque()
+        try:
+            self._loop(batch, waiting)
+        except BaseException as error:  # a bug here must not leave callers waiting forever
+            logger.exception("engine %s worker stopped", self.name)
+            with self._start_lock:
+                self._closed = True
+            for request in [*batch.rows, *waiting]:
+                request.resolve(EngineClosedError(f"engine {self.name!r} failed: {error!r}"))
+            self._fail_pending()
+            self._set_busy(False)
+
+    def _loop(self, batch: RunningBatch, waiting: deque[DecodeRequest]) -> None:
+        """Admit waiting requests, run one decode step, repeat until shutdown."""
+        shutdown = False
         while True:
-            first = self._queue.get()
-            if first is _SHUTDOWN:
-                return
-            batch = [first]
-            hard_deadline = time.monotonic() + 10 * self.batch_wait_s
-            shutdown = False
-            while len(batch) < self.max_batch_size:
-                timeout = min(self.batch_wait_s, hard_deadline - time.monotonic())
-                try:
-                    item = self._queue.get(timeout=max(0.0, timeout))
-                except queue.Empty:
-                    break
-                if item is _SHUTDOWN:
-                    shutdown = True
-                    break
-                batch.append(item)
-            requests = [r for r in batch if isinstance(r, DecodeRequest) and not r.cancelled()]
-            if requests:
-                with self._weights_lock:
-                    decode_batch(
-                        self.model,
-                        self.tokenizer,
-                        requests,
-                        pad_id=self.pad_id,
-                        eos_ids=self.eos_ids,
-                        stats=self.stats,
-                    )
-            if shutdown:
-                return
+            if not batch:
+                self._set_busy(False)
+                if shutdown:
+                    self._fail(waiting)
+                    return
+                if not waiting:
+                    item = self._queue.get()
+                    if item is _SHUTDOWN:
+                        return
+                    waiting.append(item)  # type: ignore[arg-type]
+                shutdown = self._collect(waiting)
+                self._set_busy(True)
+            else:
+                shutdown = self._take_arrivals(waiting) or shutdown
+            admit = self._admissible(waiting, len(batch), stop=shutdown)
+            if admit and batch.can_admit():
+                batch.admit(admit)
+            else:
+                waiting.extendleft(reversed(admit))
+            if batch:
+                batch.step()
+
+    def _collect(self, waiting: deque[DecodeRequest]) -> bool:
+        """Gather a burst of requests into ``waiting`` (idle worker); True on shutdown."""
+        hard_deadline = time.monotonic() + 10 * self.batch_wait_s
+        while len(waiting) < self.max_batch_size:
+            timeout = min(self.batch_wait_s, hard_deadline - time.monotonic())
+            try:
+                item = self._queue.get(timeout=max(0.0, timeout))
+            except queue.Empty:
+                return False
+            if item is _SHUTDOWN:
+                return True
+            waiting.append(item)  # type: ignore[arg-type]
+        return False
+
+    def _take_arrivals(self, waiting: deque[DecodeRequest]) -> bool:
+        """Move what arrived during the last step into ``waiting``; True on shutdown."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _SHUTDOWN:
+                return True
+            waiting.append(item)  # type: ignore[arg-type]
+
+    def _admissible(
+        self, waiting: deque[DecodeRequest], running: int, *, stop: bool
+    ) -> list[DecodeRequest]:
+        """Pop the waiting requests that may join now, oldest first.
+
+        None while a weight update waits (it needs the batch to empty) or after
+        shutdown; at most ``max_batch_size - running``.
+        """
+        if stop or (running and self._updates_waiting):
+            return []
+        admit = []
+        while waiting and running + len(admit) < self.max_batch_size:
+            request = waiting.popleft()
+            if request.cancelled():
+                self.stats.cancelled += 1
+            else:
+                admit.append(request)
+        return admit
+
+    def _set_busy(self, busy: bool) -> None:
+        """Enter or leave a busy period; entering waits for pending weight updates."""
+        with self._state:
+            if busy:
+                while self._updates_waiting:
+                    self._state.wait()
+            self._busy = busy
+            self._state.notify_all()
+
+    def _fail(self, waiting: deque[DecodeRequest]) -> None:
+        for request in waiting:
+            request.resolve(EngineClosedError(f"engine {self.name!r} closed before answering"))
+        waiting.clear()
 
     def _fail_pending(self) -> None:
         while True:

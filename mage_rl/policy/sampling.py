@@ -7,8 +7,10 @@ calls the same function, so the two agree up to floating-point noise.
 1. Divide the logits by the temperature ``T``.
 2. Top-k: keep the ``k`` largest (``k == 0`` keeps all).
 3. Top-p (nucleus): on the top-k distribution renormalised, keep the smallest set of most
-   likely tokens whose mass reaches ``p``; the token that crosses ``p`` is kept. This is
-   the order of Hugging Face's logits warpers and of vLLM.
+   likely tokens whose mass reaches ``p``; the token that crosses ``p`` is kept, and so is
+   the most likely token whatever ``p`` (a ``p`` that rounds to 0 in float32 would
+   otherwise remove every token). This is the order of Hugging Face's logits warpers and
+   of vLLM.
 4. ``log_softmax`` over what is left; removed tokens get ``-inf``.
 
 Greedy decoding (``T == 0``) is a point mass in principle, whose log-probability would be
@@ -73,6 +75,7 @@ def _truncate(
     probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # exclusive cumsum: keeps the crossing token
     remove |= mass_before >= top_p[:, None]
+    remove[:, 0] = False  # the most likely token always stays: no row is left empty
     remove &= rows[:, None]
     mask = torch.zeros_like(remove).scatter(-1, order, remove)  # back to vocabulary order
     return scaled.masked_fill(mask, float("-inf"))
@@ -103,11 +106,34 @@ def draw(
     Returns:
         ``(tokens, token_logprobs)``, each of shape ``(N,)``.
     """
-    tokens = torch.empty(logprobs.shape[0], dtype=torch.long, device=logprobs.device)
-    probs = logprobs.exp()
-    for i, generator in enumerate(generators):
-        if greedy[i]:
-            tokens[i] = torch.argmax(logprobs[i])
-        else:
-            tokens[i] = torch.multinomial(probs[i], 1, generator=generator)[0]
+    tokens = torch.tensor(
+        [draw_row(logprobs[i], greedy[i], g) for i, g in enumerate(generators)],
+        dtype=torch.long,
+        device=logprobs.device,
+    )
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def draw_row(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator) -> int:
+    """Draw one token from one row of :func:`sampling_logprobs`.
+
+    Args:
+        logprobs: Log-probabilities, shape ``(V,)``.
+        greedy: Take the argmax instead of sampling.
+        generator: The row's random stream (untouched when ``greedy``).
+
+    Returns:
+        The token id.
+
+    Raises:
+        ValueError: If the row is not a distribution (NaN, or every token removed), which
+            an extreme temperature can cause; the caller fails only this row's request.
+    """
+    if bool(torch.isnan(logprobs).any()) or not bool(torch.isfinite(logprobs).any()):
+        raise ValueError(
+            "the sampling distribution is not finite (NaN or empty); the temperature is "
+            "too small for the logits' range: use 0 for greedy decoding or a larger value"
+        )
+    if greedy:
+        return int(torch.argmax(logprobs))
+    return int(torch.multinomial(logprobs.exp(), 1, generator=generator)[0])

@@ -17,6 +17,7 @@ consequences:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -104,3 +105,60 @@ def find_stop(text: str, stops: Sequence[str], search_from: int = 0) -> bool:
         if stop and text.find(stop, start) != -1:
             return True
     return False
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Ids of special tokens: declared ones and added tokens marked special (ChatML's)."""
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(int(i) for i, token in decoder.items() if getattr(token, "special", False))
+    return ids
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes:
+    """The bytes a token stands for, even when they are part of a multi-byte character.
+
+        ``decode([token_id])`` turns a partial character into U+FFFD, whose UTF-8 bytes are
+        not the token's. Byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM2) spell each
+        byte as one printable character, and SentencePiece's byte fallback spells it
+        ``<0xE2>``; both are mapped back here. Special tokens give their text (their
+    characters are printable ASCII, which byte-level vocabularies spell as themselves).
+
+        Args:
+            tokenizer: The model's tokenizer.
+            token_id: A token id.
+
+        Returns:
+            The token's bytes; concatenating a response's token bytes gives the UTF-8 of its
+            text (special tokens aside).
+    """
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if not isinstance(piece, str):
+        return str(tokenizer.decode([int(token_id)])).encode()
+    if _is_byte_level(tokenizer) and all(c in _UNICODE_TO_BYTE for c in piece):
+        return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        with contextlib.suppress(ValueError):
+            return bytes([int(piece[3:5], 16)])
+    return str(tokenizer.decode([int(token_id)])).encode()
+
+
+def _is_byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and "ByteLevel" in repr(backend.decoder)
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-printable-character table, inverted (character -> byte)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    table = {b: chr(b) for b in printable}
+    shift = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + shift)
+            shift += 1
+    return {c: b for b, c in table.items()}
+
+
+_UNICODE_TO_BYTE = _byte_alphabet()

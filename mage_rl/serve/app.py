@@ -7,45 +7,68 @@ land in the same decode batches and share forward passes.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
 
-* 400: malformed JSON, a body that fails validation, an unsupported field, a prompt
-  (plus ``max_tokens``) longer than the model's context, a chat template that rejects
-  the messages;
-* 401: missing or wrong API key (only when the server has one);
-* 404: unknown model or route; 405: wrong method;
-* 500: anything unexpected, logged with its traceback. No request can stop the server.
+* 400: malformed JSON, nesting too deep, lone surrogates, a body that fails validation
+  (ranges and strict types, see :mod:`.protocol`), an unsupported field, a prompt (plus
+  ``max_tokens``) longer than the model's context, a chat template that rejects the
+  messages, sampling that fails for this request alone;
+* 401: missing or wrong API key (only when the server has one; every path but
+  ``/health``);
+* 404: unknown model or route; 405: wrong method; 408: a body that does not arrive in
+  time; 413: a body over the size limit (:mod:`.limits`);
+* 500: anything unexpected, logged with its traceback; 503: the engine is shut down.
+
+No request can stop the server or hurt another: bodies are bounded before parsing,
+parsing and tokenization run on worker threads so the event loop keeps answering, the
+engine isolates each request's sampling, and a client that hangs up has its request
+cancelled (the engine drops it at the next decode step).
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from mage_rl.policy.base import SamplingParams
-from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.tokenization import render_prompt
 from mage_rl.serve.generate import (
     Choice,
     DoneEvent,
+    LegacyOffsets,
     chat_logprobs,
     completion_logprobs,
     run_choices,
     stream_choices,
 )
-from mage_rl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from mage_rl.serve.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    Guard,
+    parse_json,
+)
+from mage_rl.serve.protocol import (
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 logger = logging.getLogger(__name__)
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
+T = TypeVar("T")
 
 
 class ServerState:
@@ -54,7 +77,8 @@ class ServerState:
     Args:
         engine: The engine that answers every request.
         model_name: The name clients put in ``model``; other names get 404.
-        api_key: When set, ``/v1`` routes need ``Authorization: Bearer <api_key>``.
+        api_key: When set, every path but ``/health`` needs
+            ``Authorization: Bearer <api_key>``.
         default_max_tokens: Response limit when a request gives none (``None``: the room
             left in the context, as OpenAI does). Text completions default to 16, as in
             OpenAI's API.
@@ -151,22 +175,6 @@ class ServerState:
             raise APIError(400, "the prompt is empty", param="prompt")
         return ids
 
-    def check_key(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        ):
-            raise APIError(
-                401,
-                "missing or incorrect API key; send 'Authorization: Bearer <key>' with the "
-                "key the server was started with (--api-key)",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
-
 
 def create_app(
     engine: LocalEngine,
@@ -174,11 +182,20 @@ def create_app(
     *,
     api_key: str | None = None,
     default_max_tokens: int | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
-    """Build the FastAPI application (see :class:`ServerState` for the arguments)."""
+    """Build the FastAPI application.
+
+    See :class:`ServerState` for the first four arguments and
+    :class:`~mage_rl.serve.limits.Guard` for the body limits.
+    """
     state = ServerState(engine, model_name, api_key, default_max_tokens)
-    app = FastAPI(title="mage serve", version="1", docs_url=None, redoc_url=None)
+    app = FastAPI(title="mage serve", version="1", docs_url="/docs", redoc_url=None)
     app.state.mage = state
+    app.add_middleware(
+        Guard, api_key=state.api_key, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, error: APIError) -> JSONResponse:
@@ -195,21 +212,6 @@ def create_app(
             error.status_code, message, code="not_found" if error.status_code == 404 else None
         )
         return JSONResponse(api.body(), status_code=error.status_code)
-
-    @app.middleware("http")
-    async def _guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        try:
-            if request.url.path.startswith("/v1"):
-                state.check_key(request)
-            return await call_next(request)
-        except APIError as error:
-            return JSONResponse(error.body(), status_code=error.status)
-        except Exception:  # the last line of defence: log it, answer 500, keep serving
-            logger.exception("unexpected error on %s %s", request.method, request.url.path)
-            body = APIError(500, "internal server error (see the server log)", type="server_error")
-            return JSONResponse(body.body(), status_code=500)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -228,19 +230,27 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         state.check_model(body.model)
-        prompt = state.render(body)
+        # Rendering and tokenizing a long chat takes a while: off the event loop.
+        prompt = await asyncio.to_thread(state.render, body)
         params = state.sampling(body, state.max_tokens(len(prompt), body.token_limit()))
         top = (body.top_logprobs or 0) if body.logprobs else 0
         meta = _meta("chatcmpl", state)
         if body.stream:
             return _sse(_chat_stream(state, body, prompt, params, top, meta))
-        choices = await run_choices(
-            engine, prompt, params, top_logprobs=top, include_stop=body.include_stop_str_in_output
-        )
+        choices = await _answered(
+            request,
+            run_choices(
+                engine, prompt, params, top_logprobs=top,
+                include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
+            ),
+        )  # fmt: skip
         out: dict[str, Any] = {
             **meta,
             "object": "chat.completion",
-            "choices": [_chat_choice(state, body, c) for c in choices],
+            # Log-probs decode every token and its alternatives: off the event loop too.
+            "choices": await asyncio.to_thread(
+                lambda: [_chat_choice(state, body, c) for c in choices]
+            ),
             "usage": _usage(len(prompt), choices),
         }
         if body.return_token_ids:
@@ -251,7 +261,7 @@ def create_app(
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         state.check_model(body.model)
-        prompts = [state.encode(p) for p in body.prompts()]
+        prompts = await asyncio.to_thread(lambda: [state.encode(p) for p in body.prompts()])
         if body.stream and len(prompts) > 1:
             raise APIError(400, "streaming takes a single prompt", param="prompt")
         plans = [
@@ -262,17 +272,23 @@ def create_app(
         if body.stream:
             prompt, params = plans[0]
             return _sse(_completion_stream(state, body, prompt, params, top, meta))
-        choices: list[tuple[list[int], Choice]] = []
-        for k, (prompt, params) in enumerate(plans):
-            done = await run_choices(
-                engine, prompt, params, top_logprobs=top,
-                include_stop=body.include_stop_str_in_output, first_index=k * body.n,
-            )  # fmt: skip
-            choices += [(prompt, c) for c in done]
+        runs = [
+            run_choices(
+                engine, prompt, params, top_logprobs=top, include_stop=body.include_stop_str_in_output,
+                first_index=k * body.n, ignore_eos=body.ignore_eos,
+            )
+            for k, (prompt, params) in enumerate(plans)
+        ]  # fmt: skip
+        done = await _answered(request, _gather(runs))
+        choices = [
+            (prompt, c) for (prompt, _), group in zip(plans, done, strict=True) for c in group
+        ]
         out = {
             **meta,
             "object": "text_completion",
-            "choices": [_completion_choice(state, body, p, c) for p, c in choices],
+            "choices": await asyncio.to_thread(
+                lambda: [_completion_choice(state, body, p, c) for p, c in choices]
+            ),
             "usage": {
                 "prompt_tokens": sum(len(p) for p in prompts),
                 "completion_tokens": sum(len(c.generation.response_ids) for _, c in choices),
@@ -289,15 +305,26 @@ def create_app(
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:
-    raw = await request.body()
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise APIError(
-            400, f"the request body is not valid JSON ({error})", code="invalid_json"
-        ) from error
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+        raw = await request.body()  # bounded in size and time by the Guard
+    except ClientDisconnect:
+        raise APIError(400, "the client disconnected before sending the whole body") from None
+    return await asyncio.to_thread(_validate, raw, model)
+
+
+def _validate(raw: bytes, model: type[RequestT]) -> RequestT:
+    data = parse_json(raw)
+    # Counted before validation: pydantic validates a whole list in one call that holds
+    # the interpreter lock, so a huge list would pause every other request meanwhile.
+    for field, limit in (("messages", MAX_MESSAGES), ("prompt", MAX_PROMPTS)):
+        items = data.get(field)
+        if isinstance(items, list) and len(items) > limit:
+            if field == "prompt" and all(isinstance(x, int) for x in items):
+                continue  # one prompt of token ids; the context bounds it later
+            raise APIError(
+                400, f"{field} holds {len(items)} items; this server takes at most {limit}",
+                param=field,
+            )  # fmt: skip
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -308,6 +335,44 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in problems[:5]
         )
         raise APIError(400, f"invalid request: {message}", param=param) from error
+
+
+async def _gather(runs: list[Awaitable[list[Choice]]]) -> list[list[Choice]]:
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:  # one prompt failed or the client left: the others stop decoding too
+        for task in tasks:
+            task.cancel()
+
+
+async def _answered(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client hangs up first; then cancel it.
+
+    Cancelling reaches the engine, which drops the request before its next token (a
+    client that gave up must not keep the batch busy until ``max_tokens``).
+    """
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        raise APIError(499, "the client closed the connection", code="client_closed_request")
+    try:
+        return task.result()
+    except EngineClosedError as error:
+        raise APIError(503, f"the server is shutting down ({error})", "server_error") from error
+    except ValueError as error:  # this request's own sampling failed (see decoding)
+        raise APIError(400, f"generation failed for this request: {error}") from error
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the body is read; only that message is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _meta(prefix: str, state: ServerState) -> dict[str, Any]:
@@ -356,7 +421,9 @@ def _completion_choice(
     choice: dict[str, Any] = {
         "index": c.index,
         "text": c.text,
-        "logprobs": completion_logprobs(state.engine.tokenizer, g.response_ids, g.logprobs, c.top)
+        "logprobs": completion_logprobs(
+            state.engine.tokenizer, g.response_ids, g.logprobs, c.top, c.text
+        )
         if body.logprobs is not None
         else None,
         "finish_reason": g.finish_reason,
@@ -372,6 +439,9 @@ def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         try:
             async for event in events:
                 yield f"data: {json.dumps(event)}\n\n"
+        except ValueError as error:  # this request's own sampling failed (see decoding)
+            body = APIError(400, f"generation failed for this request: {error}").body()
+            yield f"data: {json.dumps(body)}\n\n"
         except Exception as error:  # headers are sent: report in-band, then end cleanly
             logger.exception("stream failed")
             body = APIError(500, f"generation failed: {error}", type="server_error").body()
@@ -404,7 +474,7 @@ async def _chat_stream(
     finished: list[Choice] = []
     async for event in stream_choices(
         state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output,
+        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
     ):  # fmt: skip
         if isinstance(event, DoneEvent):
             c = event.choice
@@ -436,7 +506,7 @@ async def _completion_stream(
     meta: dict[str, Any],
 ) -> AsyncIterator[dict[str, Any]]:
     tokenizer = state.engine.tokenizer
-    offsets = [0] * len(params)
+    offsets = [LegacyOffsets(tokenizer) for _ in params]
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {**meta, "object": "text_completion", "choices": choices, **extra}
@@ -444,7 +514,7 @@ async def _completion_stream(
     finished: list[Choice] = []
     async for event in stream_choices(
         state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output,
+        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
     ):  # fmt: skip
         if isinstance(event, DoneEvent):
             c = event.choice
@@ -454,10 +524,7 @@ async def _completion_stream(
             continue
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(
-                tokenizer, [event.token], [event.logprob], [event.top], offsets[event.index]
-            )
-            offsets[event.index] += len(logprobs["tokens"][0])  # type: ignore[index]
+            logprobs = offsets[event.index].entries([event.token], [event.logprob], [event.top])
         choice: dict[str, Any] = {"index": event.index, "text": event.delta,
                                   "logprobs": logprobs, "finish_reason": None}  # fmt: skip
         if body.return_token_ids:

@@ -13,18 +13,26 @@ log = logging.getLogger(__name__)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mage_rl.serve.launch import serve_local, serve_vllm
+    from mage_rl.serve.launch import resolve_api_key, serve_local, serve_vllm
 
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
     if args.engine == "vllm":
         return serve_vllm(
-            args.model, host=args.host, port=args.port, api_key=args.api_key,
+            args.model, host=args.host, port=args.port, api_key=api_key,
             served_model_name=args.served_model_name, extra_args=args.vllm_arg,
+            insecure=args.insecure,
         )  # fmt: skip
+    if args.max_body_mb <= 0:
+        raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
     serve_local(
         args.model,
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=api_key,
+        insecure=args.insecure,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        body_timeout_s=args.body_timeout,
+        drain_timeout_s=args.drain_timeout,
         served_model_name=args.served_model_name,
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
@@ -50,13 +58,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to bind; the loopback default keeps the server private",
+        help="address to bind; the loopback default keeps the server private, and any "
+        "other needs an API key (or --insecure)",
     )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)",
+        help="require 'Authorization: Bearer KEY' on every route but /health; other local "
+        "users can read it in ps, so prefer --api-key-file or the MAGE_API_KEY variable",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="read the API key from the first line of this file (default: MAGE_API_KEY)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without an API key (refused otherwise)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may take to finish before they "
+        "are cancelled; the server then exits 0",
     )
     p.add_argument(
         "--engine",
@@ -90,6 +119,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="response limit when a request sets none (default: the rest of the context)",
     )
     g.add_argument("--seed", type=int, default=0, help="seeds requests that carry no seed")
+    g.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=2.0,
+        help="largest request body in MiB, refused with 413 before it is read or tokenized",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="time a request body may take to arrive (a client that sends fewer bytes than "
+        "its Content-Length gets 408)",
+    )
     g = p.add_argument_group("vllm engine")
     g.add_argument(
         "--vllm-arg",

@@ -16,12 +16,18 @@ always cover every sampled token, the EOS token included.
 Log-probs are those of the distribution each token was sampled from (after temperature,
 top-k and top-p; see :mod:`mage_rl.policy.sampling`), like vLLM's
 ``--logprobs-mode processed_logprobs``. Tokens that truncation removed have log-prob
-``-inf``, sent as ``-9999.0`` as OpenAI does.
+``-inf``, sent as ``-9999.0`` as OpenAI does. A chat entry's ``bytes`` are the token's own
+bytes (:func:`~mage_rl.policy.tokenization.token_bytes`), also for a token that holds
+part of a multi-byte character and so decodes to U+FFFD on its own. Legacy completion
+log-probs cover the tokens of the text the client receives: special tokens (the EOS) and
+tokens past a cut stop string are left out, and ``text_offset`` is the character offset
+of each token in that text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mage_rl.policy.base import Generation, SamplingParams
 from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.tokenization import special_token_ids, token_bytes
 
 MIN_LOGPROB = -9999.0
 
@@ -143,8 +150,12 @@ async def run_choices(
     top_logprobs: int = 0,
     include_stop: bool = False,
     first_index: int = 0,
+    ignore_eos: bool = False,
 ) -> list[Choice]:
-    """Sample one choice per entry of ``params`` for one prompt, concurrently."""
+    """Sample one choice per entry of ``params`` for one prompt, concurrently.
+
+    Cancelling the call cancels every choice in the engine.
+    """
 
     async def one(i: int, p: SamplingParams) -> Choice:
         top: list[TopList] = []
@@ -153,12 +164,18 @@ async def run_choices(
             top.append(alternatives)
 
         generation = await engine.generate_from_ids(
-            prompt_ids, p, on_token=collect if top_logprobs else None, top_logprobs=top_logprobs
-        )
+            prompt_ids, p, on_token=collect if top_logprobs else None, top_logprobs=top_logprobs,
+            ignore_eos=ignore_eos,
+        )  # fmt: skip
         text = client_text(generation.text, p.stop, include_stop)
         return Choice(first_index + i, generation, text, top)
 
-    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(params))))
+    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(params)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:  # one choice failed or the caller cancelled: the others stop decoding too
+        for task in tasks:
+            task.cancel()
 
 
 async def stream_choices(
@@ -168,6 +185,7 @@ async def stream_choices(
     *,
     top_logprobs: int = 0,
     include_stop: bool = False,
+    ignore_eos: bool = False,
 ) -> AsyncIterator[TokenEvent | DoneEvent]:
     """Yield every choice's tokens as the engine draws them, then one :class:`DoneEvent`
     per choice. Leaving the iteration early (client gone) cancels the unfinished choices,
@@ -189,7 +207,13 @@ async def stream_choices(
     tasks = []
     for i, p in enumerate(params):
         task = asyncio.ensure_future(
-            engine.generate_from_ids(prompt_ids, p, on_token=on_token(i), top_logprobs=top_logprobs)
+            engine.generate_from_ids(
+                prompt_ids,
+                p,
+                on_token=on_token(i),
+                top_logprobs=top_logprobs,
+                ignore_eos=ignore_eos,
+            )  # fmt: skip
         )
         # Token callbacks are queued on the loop before the answer, so "done" comes last.
         task.add_done_callback(finished(i))
@@ -216,7 +240,11 @@ def token_entry(
 ) -> dict[str, object]:
     """One ``{"token", "logprob", "bytes"}`` entry of chat log-probs."""
     text = str(tokenizer.decode([token]))
-    return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(text.encode())}
+    return {
+        "token": text,
+        "logprob": max(logprob, MIN_LOGPROB),
+        "bytes": list(token_bytes(tokenizer, token)),
+    }
 
 
 def chat_logprobs(
@@ -235,29 +263,55 @@ def chat_logprobs(
     return {"content": content}
 
 
+class LegacyOffsets:
+    """Character offsets of a choice's tokens in its text, for legacy log-probs.
+
+    Feeds each token's bytes to an incremental UTF-8 decoder: a token's offset is the
+    number of characters complete before it, so tokens that split a character do not
+    shift the offsets of those after them. Special tokens are skipped (no text).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, text_len: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.special = special_token_ids(tokenizer)
+        self.text_len = text_len
+        self.chars = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def entries(
+        self, tokens: list[int], logprobs: list[float], tops: list[TopList]
+    ) -> dict[str, list]:
+        """Legacy ``logprobs`` lists for the next ``tokens`` of the choice."""
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                "text_offset": []}  # fmt: skip
+        for j, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+            if token in self.special:
+                continue
+            offset = self.chars
+            if self.text_len is not None and offset >= self.text_len:
+                break  # past a stop string the client's text was cut at
+            self.chars += len(self._utf8.decode(token_bytes(self.tokenizer, token)))
+            out["tokens"].append(str(self.tokenizer.decode([token])))
+            out["token_logprobs"].append(max(logprob, MIN_LOGPROB))
+            out["top_logprobs"].append(
+                {
+                    str(self.tokenizer.decode([t])): max(lp, MIN_LOGPROB)
+                    for t, lp in (tops[j] if j < len(tops) else [])
+                }
+            )
+            out["text_offset"].append(
+                offset if self.text_len is None else min(offset, self.text_len)
+            )
+        return out
+
+
 def completion_logprobs(
     tokenizer: PreTrainedTokenizerBase,
     tokens: list[int],
     logprobs: list[float],
     tops: list[TopList],
-    offset: int = 0,
+    text: str,
 ) -> dict[str, object]:
-    """The legacy ``logprobs`` object of a text-completion choice (or chunk)."""
-    strings = [str(tokenizer.decode([t])) for t in tokens]
-    offsets = []
-    for s in strings:
-        offsets.append(offset)
-        offset += len(s)
-    top = [
-        {
-            str(tokenizer.decode([t])): max(lp, MIN_LOGPROB)
-            for t, lp in (tops[j] if j < len(tops) else [])
-        }
-        for j in range(len(tokens))
-    ]
-    return {
-        "tokens": strings,
-        "token_logprobs": [max(lp, MIN_LOGPROB) for lp in logprobs],
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
+    """The legacy ``logprobs`` object of a whole text-completion choice whose client
+    text is ``text`` (see the module docstring)."""
+    return dict(LegacyOffsets(tokenizer, len(text)).entries(tokens, logprobs, tops))

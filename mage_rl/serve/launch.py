@@ -10,6 +10,15 @@
 
 The served model name (what clients put in ``model``) is the argument as given, as with
 ``vllm serve``, unless ``--served-model-name`` says otherwise.
+
+Keys and exposure: the API key comes from ``--api-key-file`` (first line of the file),
+``--api-key`` (visible to every local user in ``ps``) or the ``MAGE_API_KEY`` environment
+variable. Binding a non-loopback address without a key is refused unless ``--insecure``
+says that is meant.
+
+Shutdown: on SIGTERM or SIGINT the server stops accepting connections, gives requests in
+flight up to ``drain_timeout_s`` to finish, cancels what is left (the engine drops those
+requests), closes the engine and returns; ``mage serve`` then exits with status 0.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +44,53 @@ VLLM_HINT = (
     "(or the cluster extra: pip install 'mage-rl[cluster]'); on CPU use --engine local"
 )
 SERVE_HINT = "mage serve needs the serve extra: pip install 'mage-rl[serve]'"
+API_KEY_ENV = "MAGE_API_KEY"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+def resolve_api_key(
+    api_key: str | None = None,
+    api_key_file: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> str | None:
+    """The server's API key: from a file, the command line, or ``MAGE_API_KEY``.
+
+    Raises:
+        ValueError: If both ``api_key`` and ``api_key_file`` are given, or the file is
+            empty.
+        FileNotFoundError: If ``api_key_file`` does not exist.
+    """
+    if api_key and api_key_file:
+        raise ValueError("give the API key once: --api-key or --api-key-file, not both")
+    if api_key_file:
+        path = Path(api_key_file).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"API key file {path} does not exist")
+        lines = path.read_text().strip().splitlines()
+        if not lines or not lines[0].strip():
+            raise ValueError(f"API key file {path} is empty; put the key on its first line")
+        return lines[0].strip()
+    if api_key:
+        return api_key
+    return (environ if environ is not None else os.environ).get(API_KEY_ENV) or None
+
+
+def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> None:
+    """Refuse to serve a non-loopback address without a key, unless ``insecure``.
+
+    Raises:
+        ValueError: For a non-loopback ``host`` with no key and no ``insecure``.
+    """
+    if host in LOOPBACK_HOSTS or api_key:
+        return
+    if not insecure:
+        raise ValueError(
+            f"refusing to serve on {host} without an API key: anyone who can reach it could "
+            f"use the model. Set {API_KEY_ENV} or --api-key-file, bind 127.0.0.1, or pass "
+            "--insecure if an open server is what you want"
+        )
+    logger.warning("serving on %s without an API key (--insecure)", host)
 
 
 def resolve_model(spec: str) -> str:
@@ -80,9 +137,21 @@ def _require_serve_extra() -> None:
 
 @contextmanager
 def serve_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int | None = None, timeout: float = 30.0
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout: float = 30.0,
+    drain_timeout_s: float | None = None,
 ) -> Iterator[str]:
     """Run ``app`` on a real uvicorn server in a background thread.
+
+    Args:
+        app: The ASGI application.
+        host: Address to bind.
+        port: Port (default: a free one).
+        timeout: Seconds to wait for the server to start, and to stop.
+        drain_timeout_s: On leaving, how long requests in flight may take to finish
+            before they are cancelled (``None``: as long as they take).
 
     Yields:
         The API base URL, ``http://HOST:PORT/v1``, once the server accepts connections.
@@ -92,7 +161,10 @@ def serve_in_thread(
     import uvicorn
 
     port = port or free_port(host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off",
+        timeout_graceful_shutdown=drain_timeout_s,
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -121,8 +193,19 @@ def serve_local(
     batch_wait_ms: float = 5.0,
     default_max_tokens: int | None = None,
     seed: int = 0,
+    insecure: bool = False,
+    max_body_bytes: int | None = None,
+    body_timeout_s: float | None = None,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
 ) -> None:
-    """Serve ``spec`` with the local batched engine until interrupted (``mage serve``)."""
+    """Serve ``spec`` with the local batched engine until SIGTERM or SIGINT (``mage serve``).
+
+    Returns after a graceful shutdown (see the module docstring).
+
+    Raises:
+        ValueError: For a non-loopback ``host`` without a key or ``insecure``, or a
+            ``drain_timeout_s`` below 0.
+    """
     _require_serve_extra()
     import uvicorn
 
@@ -130,6 +213,14 @@ def serve_local(
     from mage_rl.policy.models import load_model
     from mage_rl.serve.app import create_app
 
+    check_exposure(host, api_key, insecure)
+    if drain_timeout_s < 0:
+        raise ValueError(f"the drain timeout must be >= 0 seconds, got {drain_timeout_s}")
+    limits: dict[str, Any] = {}
+    if max_body_bytes is not None:
+        limits["max_body_bytes"] = max_body_bytes
+    if body_timeout_s is not None:
+        limits["body_timeout_s"] = body_timeout_s
     path = resolve_model(spec)
     model, tokenizer = load_model(path, dtype=dtype)  # type: ignore[arg-type]
     name = served_model_name or spec
@@ -137,10 +228,43 @@ def serve_local(
         model, tokenizer, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
         seed=seed, name=name,
     ) as engine:  # fmt: skip
-        app = create_app(engine, name, api_key=api_key, default_max_tokens=default_max_tokens)
-        _warn_if_exposed(host, api_key)
+        app = create_app(
+            engine, name, api_key=api_key, default_max_tokens=default_max_tokens, **limits
+        )
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="info", timeout_graceful_shutdown=drain_timeout_s
+        )
         logger.info("serving %s (%s) as %r on http://%s:%d/v1", spec, path, name, host, port)
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        _draining_server(config).run()
+    logger.info("server stopped")
+
+
+def _draining_server(config: Any) -> Any:
+    """A ``uvicorn.Server`` for ``config`` whose stop signal only starts the drain."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server without re-raising the stop signal after the drain.
+
+        uvicorn ends a graceful shutdown by raising the captured SIGTERM again, so the
+        process dies with status 143 even though every request was answered; a
+        supervisor would log that as a crash. Here the signal only starts the drain.
+        """
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return DrainingServer(config)
 
 
 def vllm_command(
@@ -148,11 +272,11 @@ def vllm_command(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    api_key: str | None = None,
     served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The ``vllm serve`` command line for a checkpoint.
+    """The ``vllm serve`` command line for a checkpoint (the key goes in the environment,
+    see :func:`serve_vllm`).
 
     ``--logprobs-mode processed_logprobs`` (vLLM >= 0.10.2) makes vLLM report the
     log-probs of the distribution it sampled from, the convention of the local engine and
@@ -163,8 +287,6 @@ def vllm_command(
         "--served-model-name", served_model_name or model_dir,
         "--logprobs-mode", "processed_logprobs",
     ]  # fmt: skip
-    if api_key:
-        cmd += ["--api-key", api_key]
     return cmd + list(extra_args)
 
 
@@ -190,13 +312,19 @@ def serve_vllm(
     api_key: str | None = None,
     served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
+    insecure: bool = False,
 ) -> int:
     """Run ``vllm serve`` on the checkpoint as a child process; returns its exit code.
 
+    The key reaches vLLM through its ``VLLM_API_KEY`` environment variable, not its
+    command line, so that ``ps`` does not show it.
+
     Raises:
         ImportError: If vLLM is not installed.
-        ValueError: For ``tiny``, which exists only in-process.
+        ValueError: For ``tiny``, which exists only in-process, or a non-loopback
+            ``host`` without a key or ``insecure``.
     """
+    check_exposure(host, api_key, insecure)
     if not vllm_available():
         raise ImportError(VLLM_HINT)
     path = resolve_model(spec)
@@ -210,23 +338,16 @@ def serve_vllm(
             load_model("smollm2", dtype="fp32", device="cpu")  # converts once into the cache
         path = str(target)
     cmd = vllm_command(
-        path, host=host, port=port, api_key=api_key,
-        served_model_name=served_model_name or spec, extra_args=extra_args,
+        path, host=host, port=port, served_model_name=served_model_name or spec,
+        extra_args=extra_args,
     )  # fmt: skip
-    _warn_if_exposed(host, api_key)
-    shown = [("***" if i > 0 and cmd[i - 1] == "--api-key" else c) for i, c in enumerate(cmd)]
-    logger.info("running: %s", " ".join(shown))
-    process = subprocess.Popen(cmd, env=os.environ.copy())
+    env = os.environ.copy()
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    logger.info("running: %s", " ".join(cmd))
+    process = subprocess.Popen(cmd, env=env)
     try:
         return process.wait()
     except KeyboardInterrupt:
         process.terminate()
         return process.wait()
-
-
-def _warn_if_exposed(host: str, api_key: str | None) -> None:
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        logger.warning(
-            "serving on %s without --api-key: anyone who can reach this address can use "
-            "the model", host
-        )  # fmt: skip

@@ -2,21 +2,38 @@
 
 Validation follows OpenAI's published ranges (temperature in [0, 2], top_p in (0, 1],
 n >= 1, at most 4 stop strings, top_logprobs in [0, 20], legacy completions logprobs in
-[0, 5]). Fields the server cannot honour (tools, penalties, ``echo``) are rejected with
+[0, 5]), with two limits of its own: a temperature is 0 (greedy) or at least
+``MIN_TEMPERATURE`` (smaller ones overflow float32 logits, as in vLLM), and integers
+(``seed``, ``top_k``, ``max_tokens``) fit in int64. Types are strict, as in OpenAI's API:
+``true`` or ``"1"`` is not a number and ``1`` is not a boolean. Fields the server cannot honour (tools, penalties, ``echo``) are rejected with
 a 400 that names them rather than silently ignored; fields it does not know are ignored,
 as OpenAI-compatible servers do, so newer clients keep working.
 
 Extensions, as in vLLM: ``top_k``, ``return_token_ids`` (prompt and response token ids in
-the response, for training on rollouts) and ``include_stop_str_in_output``.
+the response, for training on rollouts), ``include_stop_str_in_output`` and
+``ignore_eos``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MIN_TEMPERATURE = 0.01
+"""Smallest non-zero temperature: logits divided by less can overflow float32."""
+
+Int = Annotated[int, Field(strict=True)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Bool = Annotated[bool, Field(strict=True)]
+
 MAX_N = 16
+MAX_MESSAGES = 4096
+"""Messages per chat: validating each costs the event loop time, so a body of 100k tiny
+messages would stall every other request."""
+MAX_PROMPTS = 256
+"""Prompts in one batched text completion."""
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 MAX_LEGACY_LOGPROBS = 5
@@ -68,19 +85,30 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: Float | None = Field(default=None, ge=0, le=2)
+    top_p: Float | None = Field(default=None, gt=0, le=1)
+    top_k: Int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    n: Int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
+    seed: Int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stream: Bool = False
     stream_options: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    return_token_ids: bool = False
-    include_stop_str_in_output: bool = False
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    logit_bias: dict[str, Any] | None = None
+    return_token_ids: Bool = False
+    include_stop_str_in_output: Bool = False
+    ignore_eos: Bool = False
+
+    @field_validator("temperature")
+    @classmethod
+    def _check_temperature(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {value} is too small to sample from in float32; use 0 for "
+                f"greedy decoding or a value of at least {MIN_TEMPERATURE}"
+            )
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -145,10 +173,10 @@ class ChatCompletionRequest(_Request):
     """Body of ``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_tokens: Int | None = Field(default=None, ge=1, le=INT64_MAX)
+    max_completion_tokens: Int | None = Field(default=None, ge=1, le=INT64_MAX)
+    logprobs: Bool = False
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -181,12 +209,12 @@ class ChatCompletionRequest(_Request):
 class CompletionRequest(_Request):
     """Body of ``POST /v1/completions`` (the legacy text-completion API)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LEGACY_LOGPROBS)
-    echo: bool = False
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    max_tokens: Int | None = Field(default=16, ge=1, le=INT64_MAX)
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_LEGACY_LOGPROBS)
+    echo: Bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int | None = None
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:

@@ -11,6 +11,7 @@ from mage_rl.policy.base import Generation, Policy, SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.scoring import teacher_forced_logprobs
 from mage_rl.policy.tiny import build_tiny
+from mage_rl.policy.tokenization import render_prompt
 
 
 def chat(n_words: int, tag: str = "") -> list[dict[str, str]]:
@@ -280,3 +281,139 @@ def test_closed_engine_refuses_requests(tiny) -> None:
     engine.close()
     with pytest.raises(EngineClosedError):
         engine.generate_sync(chat(1))
+
+
+def test_late_requests_join_the_running_batch_with_exact_logprobs(tiny, engine) -> None:
+    model, tokenizer = tiny
+    long = SamplingParams(temperature=1.0, max_tokens=400, seed=0)
+    late = [SamplingParams(temperature=0.8, top_k=7, max_tokens=6 + i, seed=i) for i in range(3)]
+
+    async def main() -> list[Generation]:
+        decoding = asyncio.Event()
+        drawn: list[int] = []
+
+        def on_token(token: int, _logprob: float, _top: list) -> None:
+            drawn.append(token)
+            if len(drawn) == 20:
+                decoding.set()
+
+        first = asyncio.create_task(
+            engine.generate_from_ids(
+                render_prompt(tokenizer, chat(2)), long, on_token=on_token, ignore_eos=True
+            )
+        )
+        await decoding.wait()  # the long request is 20 tokens into its decode loop
+        # Prompts longer (20) and shorter (1) than the running cache: both get padded.
+        joined = await asyncio.gather(
+            *(engine.generate(chat(n), p) for n, p in zip((20, 1, 9), late, strict=True))
+        )
+        assert not first.done(), "the late requests must finish while the long one decodes"
+        assert len(drawn) < 400
+        return [await first, *joined]
+
+    generations = asyncio.run(main())
+    assert engine.stats.batches >= 2 and engine.stats.largest_batch >= 2
+    assert len(generations[0].response_ids) == 400  # ignore_eos: decoded to max_tokens
+    for generation, p in zip(generations, [long, *late], strict=True):
+        # Rows merged into a running cache (left-padded to its length) see exactly what
+        # they would see alone.
+        assert_logprobs_match(model, generation, p)
+        assert_decodes_to_text(tokenizer, generation)
+
+
+def test_seeded_request_gives_the_same_tokens_alone_and_joining_a_batch(engine) -> None:
+    params = SamplingParams(max_tokens=12, seed=77)
+    alone = engine.generate_sync(chat(3), params)
+
+    async def main() -> Generation:
+        busy = asyncio.create_task(engine.generate(chat(8), SamplingParams(max_tokens=80, seed=1)))
+        await asyncio.sleep(0.1)
+        joined = await engine.generate(chat(3), params)
+        await busy
+        return joined
+
+    assert asyncio.run(main()).response_ids == alone.response_ids
+
+
+def test_a_request_whose_sampling_fails_fails_alone(engine) -> None:
+    async def main() -> list[Generation | BaseException]:
+        good = [SamplingParams(max_tokens=8, seed=i) for i in range(5)]
+        # 1e-38 overflows the scaled logits to inf: that row's distribution is NaN.
+        bad = [
+            SamplingParams(temperature=1e-38, max_tokens=8),
+            SamplingParams(top_k=2**63, max_tokens=8, seed=0),
+        ]
+        return await asyncio.gather(
+            *(engine.generate(chat(3), p) for p in [*good[:3], bad[0], *good[3:], bad[1]]),
+            return_exceptions=True,
+        )
+
+    outcomes = asyncio.run(main())
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    assert (
+        len(failed) == 1 and isinstance(failed[0], ValueError) and "temperature" in str(failed[0])
+    )
+    assert outcomes.index(failed[0]) == 3
+    # A top_k beyond the vocabulary keeps every token, like 0.
+    assert all(isinstance(o, Generation) and o.has_tokens for i, o in enumerate(outcomes) if i != 3)
+    assert engine.stats.failed == 1
+
+
+def test_cancelled_request_leaves_the_batch_at_the_next_step(tiny, engine) -> None:
+    _, tokenizer = tiny
+    drawn: list[int] = []
+
+    async def main() -> None:
+        five = asyncio.Event()
+
+        def on_token(token: int, _logprob: float, _top: list) -> None:
+            drawn.append(token)
+            if len(drawn) == 5:
+                five.set()
+
+        doomed = asyncio.create_task(
+            engine.generate_from_ids(
+                render_prompt(tokenizer, chat(2)), SamplingParams(max_tokens=3000, seed=0),
+                on_token=on_token, ignore_eos=True,
+            )
+        )  # fmt: skip
+        await five.wait()
+        doomed.cancel()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(main())
+    assert engine.stats.cancelled == 1
+    # Tokens already drawn when the cancellation reached the worker, then nothing more.
+    assert len(drawn) < 100 and engine.stats.generated_tokens == len(drawn)
+
+
+def test_update_weights_waits_for_the_running_batch(fresh_tiny) -> None:
+    model, tokenizer = fresh_tiny
+    other, _ = build_tiny(seed=3)
+    with LocalEngine(model, tokenizer) as engine:
+
+        async def main() -> tuple[Generation, Generation]:
+            running = asyncio.create_task(
+                engine.generate(chat(2), SamplingParams(temperature=0, max_tokens=150))
+            )
+            await asyncio.sleep(0.1)
+            update = asyncio.create_task(
+                asyncio.to_thread(engine.update_weights, other.state_dict())
+            )
+            await asyncio.sleep(0.05)
+            later = asyncio.create_task(
+                engine.generate(chat(2), SamplingParams(temperature=0, max_tokens=150))
+            )
+            await update
+            return await running, await later
+
+        old, new = asyncio.run(main())
+    reference, _ = build_tiny(seed=0)
+    with LocalEngine(reference, tokenizer) as ref_engine:
+        assert old == ref_engine.generate_sync(
+            chat(2), SamplingParams(temperature=0, max_tokens=150)
+        )
+    with LocalEngine(other, tokenizer) as ref_engine:
+        assert new == ref_engine.generate_sync(
+            chat(2), SamplingParams(temperature=0, max_tokens=150)
+        )

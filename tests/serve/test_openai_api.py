@@ -12,7 +12,7 @@ import torch
 
 from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.scoring import teacher_forced_logprobs
-from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.tokenization import render_prompt, special_token_ids
 
 from .conftest import MODEL
 
@@ -69,13 +69,21 @@ def test_logprobs_are_the_sampling_logprobs(server, client) -> None:
     content = data["choices"][0]["logprobs"]["content"]
     ids = data["choices"][0]["token_ids"]
     assert len(content) == len(ids) == response.usage.completion_tokens
+    tokenizer = server.engine.tokenizer
+    special = special_token_ids(tokenizer)
     for entry, token in zip(content, ids, strict=True):
-        assert entry["token"] == server.engine.tokenizer.decode([token])
-        assert bytes(entry["bytes"]) == entry["token"].encode()
+        assert entry["token"] == tokenizer.decode([token])
+        if "\ufffd" not in entry["token"]:
+            assert bytes(entry["bytes"]) == entry["token"].encode()
         top = entry["top_logprobs"]
         assert len(top) == 3
         assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
         assert entry["logprob"] <= top[0]["logprob"] + 1e-6
+    # Every token's real bytes, also those of partial characters: together, the text.
+    text_bytes = b"".join(
+        bytes(e["bytes"]) for e, t in zip(content, ids, strict=True) if t not in special
+    )
+    assert text_bytes.decode(errors="replace") == data["choices"][0]["message"]["content"]
     model = server.engine.model
     with torch.no_grad():
         forced = teacher_forced_logprobs(model, data["prompt_token_ids"], ids)
@@ -224,3 +232,27 @@ def test_64_concurrent_requests_are_all_answered(server) -> None:
     # The requests shared forward passes: far fewer batches than requests.
     assert stats.requests - requests == 64
     assert stats.batches - batches < 64 // 2
+
+
+def test_legacy_logprobs_leave_out_special_tokens_and_stay_in_the_text(server) -> None:
+    tokenizer = server.engine.tokenizer
+    special = special_token_ids(tokenizer)
+    # Seeds 0-15 on this prompt: choice 15 ends with the EOS token, the others by length.
+    body = {"model": MODEL, "prompt": "card", "max_tokens": 60, "n": 16, "seed": 0,
+            "logprobs": 1, "return_token_ids": True}  # fmt: skip
+    choices = httpx.post(f"{server.url}/completions", json=body, timeout=60).json()["choices"]
+    ended_by_eos = [c for c in choices if c["token_ids"][-1] in special]
+    assert ended_by_eos, "the test needs a choice that ends with a special token"
+    for choice in choices:
+        lp, text = choice["logprobs"], choice["text"]
+        kept = [t for t in choice["token_ids"] if t not in special]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == len(kept)
+        assert "<|im_end|>" not in lp["tokens"]
+        assert all(0 <= off < max(len(text), 1) for off in lp["text_offset"])
+        assert lp["text_offset"] == sorted(lp["text_offset"])
+        assert lp["text_offset"][:1] in ([], [0])
+    # Stop strings cut the text; tokens past the cut are left out, offsets stay inside.
+    cut = {**body, "n": 4, "stop": ["a", "e", " "]}
+    for choice in httpx.post(f"{server.url}/completions", json=cut, timeout=60).json()["choices"]:
+        offsets = choice["logprobs"]["text_offset"]
+        assert all(off < max(len(choice["text"]), 1) for off in offsets)
