@@ -103,6 +103,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         rounds=args.rounds,
         threads=args.threads,
+        long_tokens=args.long_tokens,
+        short_tokens=args.short_tokens,
+        delay_s=args.delay,
     )
 
 
@@ -278,6 +281,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_model(p)
     p.add_argument("--clients", default="1,16", help="concurrent client counts, comma-separated")
     p.add_argument("--requests", type=int, default=32, help="chat completions per client count")
+    p.add_argument(
+        "--long-tokens", type=int, default=3000, help="head-of-line test: the long request's tokens"
+    )
+    p.add_argument(
+        "--short-tokens", type=int, default=16, help="head-of-line test: the short request's tokens"
+    )
+    p.add_argument(
+        "--delay", type=float, default=1.0, help="head-of-line test: seconds between the two"
+    )
     _add_decoding(p)
     _add_common(p)
     p.set_defaults(func=_cmd_serve)

@@ -223,7 +223,7 @@ def _run_mode(
         "model_s": model_s,
         "outside_model_share": max(0.0, 1.0 - model_s / wall),
         "batches": stats.batches,
-        "mean_batch": stats.requests / max(stats.batches, 1),
+        "mean_batch": stats.mean_batch,
         "largest_batch": stats.largest_batch,
         "forward_passes": stats.forward_passes,
         "mean_prompt_tokens": sum(len(t.prompt_ids) for t in turns) / max(len(turns), 1),

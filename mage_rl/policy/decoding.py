@@ -38,100 +38,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from mage_rl.policy.base import Generation, SamplingParams
+from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
+from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_row, sampling_logprobs
 from mage_rl.policy.tokenization import find_stop
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DecodeRequest:
-    """One request inside the decode loop.
-
-    Attributes:
-        prompt_ids: Rendered prompt ids.
-        params: Sampling parameters.
-        generator: This request's random stream.
-        max_new_tokens: ``params.max_tokens`` capped by the model's context length.
-        resolve: Called once, from the worker thread, with the finished
-            :class:`Generation` or the exception that ended the request.
-        cancelled: Returns True when nobody waits for the answer any more.
-        on_token: Called from the worker thread with every sampled token, before the
-            request is resolved: ``(token_id, logprob, top)``, where ``top`` holds the
-            ``top_logprobs`` most likely ``(token_id, logprob)`` pairs of the distribution
-            the token was drawn from (empty when ``top_logprobs`` is 0). For streaming.
-        top_logprobs: How many alternatives ``on_token`` receives per token.
-        ignore_eos: Keep decoding past end-of-sequence tokens, until ``max_new_tokens``
-            or a stop string (benchmarks that need a known response length).
-        response_ids: Sampled ids so far.
-        logprobs: Their recorded log-probs.
-        candidates: Constrained decoding: the token ids of every allowed response
-            (:mod:`mage_rl.policy.constrained`); ``None`` samples freely.
-        allowed: With ``candidates``, the allowed token ids of every sampled position.
-    """
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    generator: torch.Generator
-    max_new_tokens: int
-    resolve: Callable[[Generation | BaseException], None]
-    cancelled: Callable[[], bool] = lambda: False
-    on_token: Callable[[int, float, list[tuple[int, float]]], None] | None = None
-    top_logprobs: int = 0
-    ignore_eos: bool = False
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    candidates: list[list[int]] | None = None
-    allowed: list[list[int]] = field(default_factory=list)
-    _text_len: int = 0
-
-
-@dataclass
-class DecodeStats:
-    """Counters over the engine's lifetime, for logs, benchmarks and tests.
-
-    Attributes:
-        batches: Admissions: groups of requests prefilled together (a group that arrives
-            while others decode joins them; see the module docstring).
-        requests: Requests admitted.
-        forward_passes: Model forward passes (one per admission plus one per decode step).
-        prompt_tokens: Real (unpadded) tokens prefilled: the prompts, and the tokens
-            every choice of a constrained request starts with.
-        generated_tokens: Tokens sampled (a constrained request's shared leading tokens
-            and the rest of its choice once only one is left are taken, not sampled).
-        largest_batch: Most requests decoded together.
-        steps: Sampling steps (one token drawn for every row in flight).
-        step_rows: Rows over all sampling steps; ``step_rows / steps`` is the mean batch.
-        cancelled: Requests dropped because nobody waited for them any more.
-        failed: Requests ended by an error.
-        compute_seconds: Wall time spent prefilling and decoding.
-    """
-
-    batches: int = 0
-    requests: int = 0
-    forward_passes: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    largest_batch: int = 0
-    steps: int = 0
-    step_rows: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    compute_seconds: float = 0.0
-
-    @property
-    def mean_batch(self) -> float:
-        """Mean rows sampled together per step."""
-        return self.step_rows / max(self.steps, 1)
 
 
 class RunningBatch:

@@ -52,7 +52,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.constrained import choice_token_ids
-from mage_rl.policy.decoding import DecodeRequest, DecodeStats, RunningBatch
+from mage_rl.policy.decoding import RunningBatch
+from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
 

@@ -26,15 +26,13 @@ cancelled (the engine drops it at the next decode step).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -42,14 +40,10 @@ from starlette.requests import ClientDisconnect
 from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.tokenization import render_prompt
+from mage_rl.serve import responses
 from mage_rl.serve.generate import (
     Choice,
-    DoneEvent,
-    LegacyOffsets,
-    chat_logprobs,
-    completion_logprobs,
     run_choices,
-    stream_choices,
 )
 from mage_rl.serve.limits import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -219,12 +213,12 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(state)]}
+        return {"object": "list", "data": [responses.model_card(state)]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
         state.check_model(model)
-        return _model_card(state)
+        return responses.model_card(state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -234,9 +228,9 @@ def create_app(
         prompt = await asyncio.to_thread(state.render, body)
         params = state.sampling(body, state.max_tokens(len(prompt), body.token_limit()))
         top = (body.top_logprobs or 0) if body.logprobs else 0
-        meta = _meta("chatcmpl", state)
+        meta = responses.meta("chatcmpl", state)
         if body.stream:
-            return _sse(_chat_stream(state, body, prompt, params, top, meta))
+            return responses.sse(responses.chat_stream(state, body, prompt, params, top, meta))
         choices = await _answered(
             request,
             run_choices(
@@ -249,9 +243,9 @@ def create_app(
             "object": "chat.completion",
             # Log-probs decode every token and its alternatives: off the event loop too.
             "choices": await asyncio.to_thread(
-                lambda: [_chat_choice(state, body, c) for c in choices]
+                lambda: [responses.chat_choice(state, body, c) for c in choices]
             ),
-            "usage": _usage(len(prompt), choices),
+            "usage": responses.usage(len(prompt), choices),
         }
         if body.return_token_ids:
             out["prompt_token_ids"] = prompt
@@ -268,10 +262,12 @@ def create_app(
             (p, state.sampling(body, state.max_tokens(len(p), body.max_tokens))) for p in prompts
         ]
         top = body.logprobs or 0
-        meta = _meta("cmpl", state)
+        meta = responses.meta("cmpl", state)
         if body.stream:
             prompt, params = plans[0]
-            return _sse(_completion_stream(state, body, prompt, params, top, meta))
+            return responses.sse(
+                responses.completion_stream(state, body, prompt, params, top, meta)
+            )
         runs = [
             run_choices(
                 engine, prompt, params, top_logprobs=top, include_stop=body.include_stop_str_in_output,
@@ -287,7 +283,7 @@ def create_app(
             **meta,
             "object": "text_completion",
             "choices": await asyncio.to_thread(
-                lambda: [_completion_choice(state, body, p, c) for p, c in choices]
+                lambda: [responses.completion_choice(state, body, p, c) for p, c in choices]
             ),
             "usage": {
                 "prompt_tokens": sum(len(p) for p in prompts),
@@ -373,162 +369,3 @@ async def _disconnected(request: Request) -> None:
     """Return when the client disconnects (the body is read; only that message is left)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _meta(prefix: str, state: ServerState) -> dict[str, Any]:
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": state.model_name,
-    }
-
-
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "mage-rl",
-        "max_model_len": state.engine.max_context,
-    }
-
-
-def _usage(prompt_len: int, choices: list[Choice]) -> dict[str, int]:
-    completion = sum(len(c.generation.response_ids) for c in choices)
-    return {"prompt_tokens": prompt_len, "completion_tokens": completion,
-            "total_tokens": prompt_len + completion}  # fmt: skip
-
-
-def _chat_choice(state: ServerState, body: ChatCompletionRequest, c: Choice) -> dict[str, Any]:
-    g = c.generation
-    choice: dict[str, Any] = {
-        "index": c.index,
-        "message": {"role": "assistant", "content": c.text},
-        "logprobs": chat_logprobs(state.engine.tokenizer, g.response_ids, g.logprobs, c.top)
-        if body.logprobs
-        else None,
-        "finish_reason": g.finish_reason,
-    }
-    if body.return_token_ids:
-        choice["token_ids"] = g.response_ids
-    return choice
-
-
-def _completion_choice(
-    state: ServerState, body: CompletionRequest, prompt: list[int], c: Choice
-) -> dict[str, Any]:
-    g = c.generation
-    choice: dict[str, Any] = {
-        "index": c.index,
-        "text": c.text,
-        "logprobs": completion_logprobs(
-            state.engine.tokenizer, g.response_ids, g.logprobs, c.top, c.text
-        )
-        if body.logprobs is not None
-        else None,
-        "finish_reason": g.finish_reason,
-    }
-    if body.return_token_ids:
-        choice["prompt_token_ids"] = prompt
-        choice["token_ids"] = g.response_ids
-    return choice
-
-
-def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    async def lines() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield f"data: {json.dumps(event)}\n\n"
-        except ValueError as error:  # this request's own sampling failed (see decoding)
-            body = APIError(400, f"generation failed for this request: {error}").body()
-            yield f"data: {json.dumps(body)}\n\n"
-        except Exception as error:  # headers are sent: report in-band, then end cleanly
-            logger.exception("stream failed")
-            body = APIError(500, f"generation failed: {error}", type="server_error").body()
-            yield f"data: {json.dumps(body)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(lines(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})  # fmt: skip
-
-
-async def _chat_stream(
-    state: ServerState,
-    body: ChatCompletionRequest,
-    prompt: list[int],
-    params: list[SamplingParams],
-    top: int,
-    meta: dict[str, Any],
-) -> AsyncIterator[dict[str, Any]]:
-    tokenizer = state.engine.tokenizer
-
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {**meta, "object": "chat.completion.chunk", "choices": choices, **extra}
-
-    first: dict[str, Any] = {"prompt_token_ids": prompt} if body.return_token_ids else {}
-    yield chunk(
-        [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-          "finish_reason": None} for i in range(len(params))],
-        **first,
-    )  # fmt: skip
-    finished: list[Choice] = []
-    async for event in stream_choices(
-        state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-    ):  # fmt: skip
-        if isinstance(event, DoneEvent):
-            c = event.choice
-            finished.append(c)
-            yield chunk([{"index": c.index, "delta": {"content": event.delta} if event.delta else {},
-                          "logprobs": None, "finish_reason": c.generation.finish_reason}])  # fmt: skip
-            continue
-        choice: dict[str, Any] = {
-            "index": event.index,
-            "delta": {"content": event.delta},
-            "logprobs": chat_logprobs(tokenizer, [event.token], [event.logprob], [event.top])
-            if body.logprobs
-            else None,
-            "finish_reason": None,
-        }
-        if body.return_token_ids:
-            choice["token_ids"] = [event.token]
-        yield chunk([choice])
-    if body.include_usage_in_stream():
-        yield chunk([], usage=_usage(len(prompt), finished))
-
-
-async def _completion_stream(
-    state: ServerState,
-    body: CompletionRequest,
-    prompt: list[int],
-    params: list[SamplingParams],
-    top: int,
-    meta: dict[str, Any],
-) -> AsyncIterator[dict[str, Any]]:
-    tokenizer = state.engine.tokenizer
-    offsets = [LegacyOffsets(tokenizer) for _ in params]
-
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {**meta, "object": "text_completion", "choices": choices, **extra}
-
-    finished: list[Choice] = []
-    async for event in stream_choices(
-        state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-    ):  # fmt: skip
-        if isinstance(event, DoneEvent):
-            c = event.choice
-            finished.append(c)
-            yield chunk([{"index": c.index, "text": event.delta, "logprobs": None,
-                          "finish_reason": c.generation.finish_reason}])  # fmt: skip
-            continue
-        logprobs = None
-        if body.logprobs is not None:
-            logprobs = offsets[event.index].entries([event.token], [event.logprob], [event.top])
-        choice: dict[str, Any] = {"index": event.index, "text": event.delta,
-                                  "logprobs": logprobs, "finish_reason": None}  # fmt: skip
-        if body.return_token_ids:
-            choice["token_ids"] = [event.token]
-        yield chunk([choice])
-    if body.include_usage_in_stream():
-        yield chunk([], usage=_usage(len(prompt), finished))
