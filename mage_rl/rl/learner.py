@@ -8,13 +8,16 @@ References:
 One call to :meth:`Learner.update`:
 
 1. Coerce and validate the samples (prompt ids, response ids, sampling log-probs, one
-   advantage each); drop samples without response tokens.
+   advantage each; or a conversation sample, one sequence per meta-episode whose
+   assistant segments carry their own); drop samples without response tokens.
 2. For each PPO epoch, shuffle (seeded) and cut the samples into mini-batches of
-   ``mini_batch_size``; each mini-batch is one optimizer step.
+   ``mini_batch_size`` LLM calls (a conversation sample counts one per segment and is
+   never split); each mini-batch is one optimizer step.
 3. Pack each mini-batch into micro-batches under ``micro_batch_tokens`` padded tokens.
    Each micro-batch runs one right-padded forward pass; the log-prob of response token j
-   is read from the logits at position ``len(prompt) - 1 + j``, after dividing the logits
-   by the sampling temperature.
+   is read from the logits at position ``len(prompt) - 1 + j`` (in a conversation, the
+   position before each segment token), after dividing the logits by the sampling
+   temperature.
 4. Loss per micro-batch: PPO-clip surrogate + ``kl_coef`` * k3 KL to the reference -
    ``entropy_coef`` * entropy, each a token sum divided by the token count of the whole
    mini-batch, so accumulated gradients equal the mini-batch token mean exactly.
@@ -42,7 +45,14 @@ import torch
 from torch import nn
 
 from mage_rl.policy.models import DType, cpu_supports_bf16
-from mage_rl.rl.batching import MicroBatch, Sample, collate, pack_micro_batches
+from mage_rl.rl.batching import (
+    MicroBatch,
+    TrainingSample,
+    coerce_sample,
+    collate,
+    cut_mini_batches,
+    pack_micro_batches,
+)
 from mage_rl.rl.checkpoint import LearnerCheckpoints
 from mage_rl.rl.loss import (
     KLKind,
@@ -105,8 +115,9 @@ class LearnerConfig:
         entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
             still reported).
-        mini_batch_size: Samples per optimizer step (paper: 64). A batch of N samples
-            gives ``ceil(N / mini_batch_size)`` steps per epoch.
+        mini_batch_size: LLM calls per optimizer step (paper: 64). A batch of N per-call
+            samples gives ``ceil(N / mini_batch_size)`` steps per epoch; a conversation
+            sample counts one call per segment and is never split across steps.
         micro_batch_tokens: Budget of padded tokens (prompt + response) per forward
             pass; trades memory for speed, leaves the gradient unchanged.
         ppo_epochs: Passes over the batch (SPEC §6: 1). More epochs reuse samples more
@@ -326,6 +337,18 @@ class Learner(LearnerCheckpoints):
         """Logits that predict each response token, divided by the temperature: ``(B, R, V)``."""
         width = batch.input_ids.shape[1]
         kwargs: dict[str, Any] = {}
+        if batch.conversation and self._keep_logits.get(id(model), False):
+            # A conversation's trained positions are scattered between long stretches of
+            # context: ask for the logits of exactly those, (B, R, V), rather than of
+            # every position after the first prompt.
+            with self._autocast():
+                out = model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    use_cache=False,
+                    logits_to_keep=batch.positions,
+                )
+            return out.logits.float() / temperature
         if self._keep_logits.get(id(model), False):
             # Logits of positions before the shortest prompt's last token are never used.
             kwargs["logits_to_keep"] = width - batch.min_prompt_len + 1
@@ -359,14 +382,27 @@ class Learner(LearnerCheckpoints):
             return gather_logprobs(logits, batch.response_ids, batch.allowed_index)
 
     @staticmethod
-    def _prepare_samples(samples: Iterable[Any]) -> list[Sample]:
+    def _prepare_samples(samples: Iterable[Any]) -> list[TrainingSample]:
         prepared = []
         for i, item in enumerate(samples):
-            sample = Sample.coerce(item)
+            sample = coerce_sample(item)
             sample.validate(i)
-            if sample.response_ids:
+            if sample.num_response_tokens:
                 prepared.append(sample)
         return prepared
+
+    def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[TrainingSample]]:
+        """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size`` calls."""
+        cfg = self.config
+        if cfg.shuffle:
+            order = torch.randperm(len(items), generator=self._generator).tolist()
+        else:
+            order = list(range(len(items)))
+        calls = [s.num_calls for s in items]
+        return [
+            [items[i] for i in group]
+            for group in cut_mini_batches(order, calls, cfg.mini_batch_size)
+        ]
 
     # ---- public API ----------------------------------------------------------------
 
@@ -376,33 +412,24 @@ class Learner(LearnerCheckpoints):
     ) -> list[list[float]]:
         """Log-probs of each sample's response tokens under the current policy.
 
-        Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only
-        ``prompt_ids``, ``response_ids`` and ``allowed`` (constrained positions are scored
-        under the restricted softmax) of the samples are read.
+        Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only the ids
+        and ``allowed`` (constrained positions are scored under the restricted softmax) of
+        the samples are read. A conversation sample gets the log-probs of its segments'
+        tokens, concatenated in segment order.
         """
         temp = self.config.temperature if temperature is None else temperature
-        items = [Sample.coerce(s) for s in samples]
+        items = [coerce_sample(s) for s in samples]
         out: list[list[float]] = [[] for _ in items]
-        nonempty = [i for i, s in enumerate(items) if s.response_ids]
+        nonempty = [i for i, s in enumerate(items) if s.num_response_tokens]
         lengths = [items[i].length for i in nonempty]
         for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
             chosen = [nonempty[g] for g in group]
             # Only the ids matter here; zero log-probs and advantages fill the batch.
-            ids_only = [
-                Sample(
-                    items[i].prompt_ids,
-                    items[i].response_ids,
-                    [0.0] * len(items[i].response_ids),
-                    0.0,
-                    items[i].allowed,
-                )
-                for i in chosen
-            ]
-            batch = collate(ids_only).to(self.device)
+            batch = collate([items[i].ids_only() for i in chosen]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
             for row, i in enumerate(chosen):
-                out[i] = logp[row, : len(items[i].response_ids)].tolist()
+                out[i] = logp[row, : items[i].num_response_tokens].tolist()
         return out
 
     def accumulate_gradients(
@@ -417,7 +444,7 @@ class Learner(LearnerCheckpoints):
         public for gradient checks and custom loops.
 
         Args:
-            samples: :class:`Sample` objects or 4-tuples.
+            samples: :class:`Sample` or :class:`ConversationSample` objects, or 4-tuples.
             num_tokens: Token-mean denominator; defaults to the response tokens of
                 ``samples`` (pass the whole mini-batch's count when ``samples`` is part
                 of it).
@@ -432,7 +459,7 @@ class Learner(LearnerCheckpoints):
         cfg = self.config
         temp = cfg.temperature if temperature is None else temperature
         items = self._prepare_samples(samples)
-        total = num_tokens if num_tokens is not None else sum(len(s.response_ids) for s in items)
+        total = num_tokens if num_tokens is not None else sum(s.num_response_tokens for s in items)
         stats: dict[str, float] = defaultdict(float)
         for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
             batch = collate([items[i] for i in group]).to(self.device)
@@ -476,7 +503,10 @@ class Learner(LearnerCheckpoints):
 
         Args:
             samples: :class:`Sample` objects or ``(prompt_ids, response_ids, old_logprobs,
-                advantage)`` tuples; the advantage applies to every response token.
+                advantage)`` tuples, the advantage applying to every response token; or
+                :class:`ConversationSample` objects (one per meta-episode), each segment
+                with its own advantage. The token mean runs over every trained token of a
+                mini-batch, so a conversation trains exactly as its calls would one by one.
             temperature: Sampling temperature of the rollouts (default:
                 ``config.temperature``).
 
@@ -506,13 +536,8 @@ class Learner(LearnerCheckpoints):
         seen_tokens = 0
         trained_tokens = 0
         for _ in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                order = torch.randperm(len(items), generator=self._generator).tolist()
-            else:
-                order = list(range(len(items)))
-            for first in range(0, len(order), cfg.mini_batch_size):
-                mini = [items[i] for i in order[first : first + cfg.mini_batch_size]]
-                n_tokens = sum(len(s.response_ids) for s in mini)
+            for mini in self._mini_batches(items):
+                n_tokens = sum(s.num_response_tokens for s in mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 stats = self.accumulate_gradients(
                     mini, num_tokens=n_tokens, temperature=temperature
