@@ -106,6 +106,10 @@ class Sample:
         """LLM calls the sample trains (what ``mini_batch_size`` counts): one."""
         return 1
 
+    def with_old_logprobs(self, logprobs: Sequence[float]) -> Sample:
+        """A copy whose response tokens take these sampling log-probs."""
+        return replace(self, old_logprobs=list(logprobs))
+
     def ids_only(self) -> Sample:
         """A copy with zero log-probs and advantage, for scoring the ids alone."""
         return Sample(
@@ -177,6 +181,21 @@ class ConversationSample:
     def num_calls(self) -> int:
         """LLM calls the sample trains: one per segment."""
         return len(self.segments)
+
+    def with_old_logprobs(self, logprobs: Sequence[float]) -> ConversationSample:
+        """A copy whose segments take these log-probs, concatenated in segment order.
+
+        The layout :meth:`~mage_rl.rl.learner.Learner.compute_logprobs` returns.
+        """
+        if len(logprobs) != self.num_response_tokens:
+            raise ValueError(
+                f"got {len(logprobs)} log-probs for {self.num_response_tokens} segment tokens"
+            )
+        segments, at = [], 0
+        for seg in self.segments:
+            segments.append(replace(seg, old_logprobs=list(logprobs[at : at + seg.length])))
+            at += seg.length
+        return ConversationSample(self.ids, segments)
 
     def ids_only(self) -> ConversationSample:
         """A copy with zero log-probs and advantages, for scoring the ids alone."""

@@ -166,6 +166,12 @@ def test_logprobs_of_a_conversation_are_its_calls_logprobs(tiny_pair) -> None:
     calls = torch.tensor([x for c in learner.compute_logprobs(per_call) for x in c])
     (conv,) = learner.compute_logprobs(conversations)
     torch.testing.assert_close(torch.tensor(conv), calls)
+    # The trainer refreshes old log-probs this way: each segment gets its own slice.
+    refreshed = conversations[0].with_old_logprobs(conv)
+    at = 0
+    for seg in refreshed.segments:
+        assert list(seg.old_logprobs) == conv[at : at + seg.length]
+        at += seg.length
     plain = Learner(_NoLogitsToKeep(copy.deepcopy(model)), LearnerConfig(dtype="fp32"))
     (conv,) = plain.compute_logprobs(conversations)
     torch.testing.assert_close(torch.tensor(conv), calls)
