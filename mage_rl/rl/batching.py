@@ -291,28 +291,43 @@ def samples_from_records(
     """
     if len(records) != len(advantages):
         raise ValueError(f"got {len(records)} records but {len(advantages)} advantage lists")
-    samples: list[TrainingSample] = []
-    for record, advs in zip(records, advantages, strict=True):
-        if len(advs) != len(record.turns):
-            raise ValueError(
-                f"record {record.uid!r} (rollout {record.rollout}) has {len(record.turns)} "
-                f"turns but {len(advs)} advantages"
+    return [
+        sample
+        for record, advs in zip(records, advantages, strict=True)
+        for sample, _ in record_samples(record, advs)
+    ]
+
+
+def record_samples(
+    record: MetaEpisodeRecord, advantages: Sequence[float]
+) -> list[tuple[TrainingSample, list[int]]]:
+    """One record's samples (see :func:`samples_from_records`), each with the turns it trains.
+
+    Returns:
+        ``(sample, turn_indices)`` pairs: the conversation sample (if any) with its
+        segments' turns, then one pair per turn trained on its own.
+    """
+    if len(advantages) != len(record.turns):
+        raise ValueError(
+            f"record {record.uid!r} (rollout {record.rollout}) has {len(record.turns)} "
+            f"turns but {len(advantages)} advantages"
+        )
+    for j, turn in enumerate(record.turns):
+        _check_turn_tokens(record, j, turn)
+    out: list[tuple[TrainingSample, list[int]]] = []
+    trace = record_conversation(record)
+    covered: set[int] = set()
+    if trace is not None:
+        conversation = conversation_sample(trace, record.turns, advantages, record.uid)
+        out.append((conversation, [turn for _, _, turn in trace.segments]))
+        covered = set(out[0][1])
+    for j, (turn, adv) in enumerate(zip(record.turns, advantages, strict=True)):
+        if j not in covered:
+            sample = Sample(
+                turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed
             )
-        for j, turn in enumerate(record.turns):
-            _check_turn_tokens(record, j, turn)
-        trace = record_conversation(record)
-        covered: set[int] = set()
-        if trace is not None:
-            samples.append(conversation_sample(trace, record.turns, advs, record.uid))
-            covered = {turn for _, _, turn in trace.segments}
-        for j, (turn, adv) in enumerate(zip(record.turns, advs, strict=True)):
-            if j not in covered:
-                samples.append(
-                    Sample(
-                        turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed
-                    )
-                )
-    return samples
+            out.append((sample, [j]))
+    return out
 
 
 def conversation_sample(
