@@ -97,36 +97,40 @@ def _meta_episode_calls(
         observation = env.reset(seed * 100 + k)
         done = False
         while not done:
-            moves = list(env.transcript)
-            state = dict(episode=k, num_episodes=episodes, observation=observation)
             if prompt == "compact":
+                # The graph's compact prompt: no moves, the brief observation.
                 brief = env.brief_observation or observation
-                chat = compact_play_messages(
-                    brief_description=env.brief_description,
-                    context="reflection",
-                    memory=memory,
-                    history=history,
-                    moves=[],
-                    **{**state, "observation": brief},
-                )
-                step = compact_play_messages(
-                    brief_description=env.brief_description,
-                    context="none",
-                    memory=[],
-                    history=[],
-                    moves=[],
-                    **{**state, "observation": brief},
+                chat, step = (
+                    compact_play_messages(
+                        brief_description=env.brief_description,
+                        episode=k,
+                        num_episodes=episodes,
+                        context=context,
+                        memory=mem,
+                        history=past,
+                        moves=[],
+                        observation=brief,
+                    )
+                    for context, mem, past in (("reflection", memory, history), ("none", [], []))
                 )
             else:
-                common = dict(
-                    task_description=env.task_description,
-                    initial_observation=env.initial_observation,
-                    **state,
+                chat, step = (
+                    play_messages(
+                        task_description=env.task_description,
+                        episode=k,
+                        num_episodes=episodes,
+                        context=context,
+                        memory=mem,
+                        history=past,
+                        initial_observation=env.initial_observation,
+                        moves=moves,
+                        observation=observation,
+                    )
+                    for context, mem, past, moves in (
+                        ("reflection", memory, history, list(env.transcript)),
+                        ("none", [], [], []),
+                    )
                 )
-                chat = play_messages(
-                    context="reflection", memory=memory, history=history, moves=moves, **common
-                )
-                step = play_messages(context="none", memory=[], history=[], moves=[], **common)
             action = f"<action>{rng.choice(env.legal_actions())}</action>"
             response = (
                 action if prompt == "compact" else f"Thought: {_filler(rng, play_words)}. {action}"
