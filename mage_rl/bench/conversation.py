@@ -19,9 +19,11 @@ What it measures, for one game and prompt style:
    them; or the reflect request). Both layouts train the same response tokens with the
    same advantages.
 3. Time one warm-up and ``repeats`` timed :meth:`~mage_rl.rl.learner.Learner.update`
-   calls per layout, each layout from a fresh copy of the weights, with the learner
-   settings of ``configs/kuhn_smollm2.yaml`` (KL to a reference copy, entropy bonus);
-   the fastest timed update counts.
+   calls per layout, each layout with its own learner from a fresh copy of the weights
+   and the learner settings of ``configs/kuhn_smollm2.yaml`` (KL to a reference copy,
+   entropy bonus). The layouts take turns (warm-up of each, then one timed update of
+   each per round), so that load from other processes falls on both alike; the fastest
+   timed update counts.
 
 The messages the conversation layout sends between calls are this module's choice; the
 graph nodes may word them differently, which moves the token counts a little.
@@ -256,8 +258,9 @@ def bench_conversation(
         tokenizer, game, prompt, episodes, meta_episodes, seed, max_play_tokens, max_reflect_tokens
     )
     del lm
-    results: dict[str, dict[str, Any]] = {}
-    for name, samples in (("re-rendered", per_call), ("conversation", conversations)):
+    layouts = {"re-rendered": per_call, "conversation": conversations}
+    learners, batches, results = {}, {}, {}
+    for name, samples in layouts.items():
         lm, _ = load_model(model, dtype="fp32")
         config = LearnerConfig(
             lr=1e-6,
@@ -267,31 +270,35 @@ def bench_conversation(
             dtype=dtype,  # type: ignore[arg-type]
             seed=seed,
         )
-        learner = Learner(lm, config)
-        old = learner.compute_logprobs(samples)
-        batch = [s.with_old_logprobs(lp) for s, lp in zip(samples, old, strict=True)]
-        start = time.perf_counter()
-        warm = learner.update(batch)
-        warmup_s = time.perf_counter() - start
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            learner.update(batch)
-            timings.append(time.perf_counter() - start)
+        learners[name] = Learner(lm, config)
+        old = learners[name].compute_logprobs(samples)
+        batches[name] = [s.with_old_logprobs(lp) for s, lp in zip(samples, old, strict=True)]
+        batch = batches[name]
         results[name] = {
             "samples": len(batch),
             "calls": sum(s.num_calls for s in batch),
             "tokens_per_meta_episode": sum(s.length for s in batch) / meta_episodes,
-            "trained_tokens_per_meta_episode": warm["tokens"] / meta_episodes,
             "longest_sequence": max(s.length for s in batch),
-            "warmup_s": warmup_s,
-            "update_s": min(timings) if timings else warmup_s,
-            "repeat_s": timings,
-            "steps": warm["steps"],
+            "repeat_s": [],
         }
-        logger.info("bench conversation %s: %s", name, results[name])
-        del learner, lm, batch
-        gc.collect()
+    # Warm-up, then the timed updates alternate between the layouts, so that load from
+    # other processes falls on both alike.
+    for round_ in range(repeats + 1):
+        for name, learner in learners.items():
+            start = time.perf_counter()
+            stats = learner.update(batches[name])
+            elapsed = time.perf_counter() - start
+            if round_ == 0:
+                results[name]["warmup_s"] = elapsed
+                results[name]["trained_tokens_per_meta_episode"] = stats["tokens"] / meta_episodes
+                results[name]["steps"] = stats["steps"]
+            else:
+                results[name]["repeat_s"].append(elapsed)
+            logger.info("bench conversation %s round %d: %.1f s", name, round_, elapsed)
+    for d in results.values():
+        d["update_s"] = min(d["repeat_s"]) if d["repeat_s"] else d["warmup_s"]
+    del learners, batches
+    gc.collect()
     rr, conv = results["re-rendered"], results["conversation"]
     return {
         "config": {
