@@ -25,7 +25,12 @@ from typing import Any
 import torch
 
 from mage_rl.policy.constrained import allowed_index
-from mage_rl.rl.conversation import ConversationTrace, record_conversation
+from mage_rl.rl.conversation import (
+    ConversationSample,
+    ConversationTrace,
+    Segment,
+    record_conversation,
+)
 from mage_rl.rl.records import MetaEpisodeRecord, Turn
 
 
@@ -116,142 +121,6 @@ class Sample:
             self.prompt_ids, self.response_ids, [0.0] * len(self.response_ids), 0.0, self.allowed
         )
 
-    def row(self) -> _Row:
-        """The sample as one micro-batch row."""
-        p, r = len(self.prompt_ids), len(self.response_ids)
-        return _Row(
-            input_ids=[*self.prompt_ids, *self.response_ids],
-            positions=list(range(p - 1, p - 1 + r)),
-            old_logprobs=list(self.old_logprobs),
-            advantages=[float(self.advantage)] * r,
-            allowed=[list(a) for a in self.allowed] if self.allowed else [],
-        )
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One assistant response inside a :class:`ConversationSample`.
-
-    Attributes:
-        start: Index of the response's first token in the conversation's ids; the
-            tokens before it were the call's prompt.
-        end: One past its last token.
-        old_logprobs: Sampling log-probs of ``ids[start:end]``.
-        advantage: The call's advantage, applied to each of its tokens.
-        allowed: Allowed ids of every position when the call used constrained
-            decoding; empty otherwise.
-    """
-
-    start: int
-    end: int
-    old_logprobs: Sequence[float]
-    advantage: float
-    allowed: Sequence[Sequence[int]] = ()
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class ConversationSample:
-    """A meta-episode as one training sequence (the conversation prompt layout).
-
-    Attributes:
-        ids: The conversation's token ids.
-        segments: The assistant responses to train, in order, not overlapping; tokens
-            outside them are context and take no loss. Tokens after the last segment
-            are not even fed to the model.
-    """
-
-    ids: Sequence[int]
-    segments: Sequence[Segment]
-
-    @property
-    def length(self) -> int:
-        """Tokens fed to the model: up to the end of the last segment."""
-        return max((seg.end for seg in self.segments), default=0)
-
-    @property
-    def num_response_tokens(self) -> int:
-        """Tokens the loss is taken over (every segment's)."""
-        return sum(seg.length for seg in self.segments)
-
-    @property
-    def num_calls(self) -> int:
-        """LLM calls the sample trains: one per segment."""
-        return len(self.segments)
-
-    def with_old_logprobs(self, logprobs: Sequence[float]) -> ConversationSample:
-        """A copy whose segments take these log-probs, concatenated in segment order.
-
-        The layout :meth:`~mage_rl.rl.learner.Learner.compute_logprobs` returns.
-        """
-        if len(logprobs) != self.num_response_tokens:
-            raise ValueError(
-                f"got {len(logprobs)} log-probs for {self.num_response_tokens} segment tokens"
-            )
-        segments, at = [], 0
-        for seg in self.segments:
-            segments.append(replace(seg, old_logprobs=list(logprobs[at : at + seg.length])))
-            at += seg.length
-        return ConversationSample(self.ids, segments)
-
-    def ids_only(self) -> ConversationSample:
-        """A copy with zero log-probs and advantages, for scoring the ids alone."""
-        return ConversationSample(
-            self.ids,
-            [replace(seg, old_logprobs=[0.0] * seg.length, advantage=0.0) for seg in self.segments],
-        )
-
-    def validate(self, index: int) -> None:
-        """Raise ``ValueError`` with a fix if the sample cannot be trained on."""
-        previous_end = 1  # the first trained token needs one token of context before it
-        for k, seg in enumerate(self.segments):
-            where = f"conversation sample {index} segment {k} [{seg.start}, {seg.end})"
-            if seg.start < previous_end or seg.end <= seg.start or seg.end > len(self.ids):
-                raise ValueError(
-                    f"{where} is empty, out of order, overlaps the one before or runs past "
-                    f"the {len(self.ids)} ids; segments are the sampled responses, in "
-                    "order, after at least one prompt token"
-                )
-            previous_end = seg.end
-            if len(seg.old_logprobs) != seg.length:
-                raise ValueError(
-                    f"{where} has {seg.length} tokens but {len(seg.old_logprobs)} log-probs; "
-                    "the rollout backend must return one sampling log-prob per response token"
-                )
-            if seg.allowed:
-                if len(seg.allowed) != seg.length:
-                    raise ValueError(
-                        f"{where} has {seg.length} tokens but {len(seg.allowed)} allowed sets; "
-                        "constrained responses need one per token"
-                    )
-                tokens = self.ids[seg.start : seg.end]
-                for j, (token, ids) in enumerate(zip(tokens, seg.allowed, strict=True)):
-                    if ids and token not in ids:
-                        raise ValueError(
-                            f"{where}: token {j} ({token}) is not in its allowed set "
-                            f"{list(ids)}; the record does not match constrained decoding"
-                        )
-
-    def row(self) -> _Row:
-        """The conversation as one micro-batch row: every segment's tokens are targets."""
-        positions: list[int] = []
-        old: list[float] = []
-        advantages: list[float] = []
-        allowed: list[list[int]] = []
-        constrained = any(seg.allowed for seg in self.segments)
-        for seg in self.segments:
-            positions.extend(range(seg.start - 1, seg.end - 1))
-            old.extend(float(x) for x in seg.old_logprobs)
-            advantages.extend([float(seg.advantage)] * seg.length)
-            if constrained:
-                # A free segment next to constrained ones: empty sets mean unrestricted.
-                sets = seg.allowed or [[]] * seg.length
-                allowed.extend(list(a) for a in sets)
-        return _Row(list(self.ids[: self.length]), positions, old, advantages, allowed)
-
 
 TrainingSample = Sample | ConversationSample
 
@@ -265,6 +134,33 @@ class _Row:
     old_logprobs: list[float]
     advantages: list[float]
     allowed: list[list[int]]
+
+
+def _row(sample: TrainingSample) -> _Row:
+    """A sample as one micro-batch row; a conversation's segments are all targets."""
+    if isinstance(sample, Sample):
+        p, r = len(sample.prompt_ids), len(sample.response_ids)
+        return _Row(
+            input_ids=[*sample.prompt_ids, *sample.response_ids],
+            positions=list(range(p - 1, p - 1 + r)),
+            old_logprobs=list(sample.old_logprobs),
+            advantages=[float(sample.advantage)] * r,
+            allowed=[list(a) for a in sample.allowed] if sample.allowed else [],
+        )
+    positions: list[int] = []
+    old: list[float] = []
+    advantages: list[float] = []
+    allowed: list[list[int]] = []
+    constrained = any(seg.allowed for seg in sample.segments)
+    for seg in sample.segments:
+        positions.extend(range(seg.start - 1, seg.end - 1))
+        old.extend(float(x) for x in seg.old_logprobs)
+        advantages.extend([float(seg.advantage)] * seg.length)
+        if constrained:
+            # A free segment next to constrained ones: empty sets mean unrestricted.
+            sets = seg.allowed or [[]] * seg.length
+            allowed.extend(list(a) for a in sets)
+    return _Row(list(sample.ids[: sample.length]), positions, old, advantages, allowed)
 
 
 def coerce_sample(item: Any) -> TrainingSample:
@@ -514,7 +410,7 @@ def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
     :class:`ConversationSample` row holds the conversation up to its last segment and
     trains every segment (``positions`` then jumps over the context between segments).
     """
-    rows = [s.row() for s in samples]
+    rows = [_row(s) for s in samples]
     batch = len(rows)
     width = max(len(r.input_ids) for r in rows)
     resp_width = max(len(r.positions) for r in rows)

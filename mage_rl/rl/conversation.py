@@ -1,4 +1,4 @@
-"""How a meta-episode record carries its conversation (the conversation prompt layout).
+"""A meta-episode as one training sequence (the conversation prompt layout): its record and sample.
 
 In the conversation layout (SPEC §2) a meta-episode is one growing chat whose token ids
 are the source of truth (:mod:`mage_rl.policy.conversation`). Its record keeps those ids
@@ -7,15 +7,19 @@ learner then trains the meta-episode as one sequence
 (:func:`mage_rl.rl.batching.conversation_sample`): each span takes its turn's advantage,
 sampling log-probs and allowed sets; every other token is context.
 
-A record carries it as an attribute ``conversation`` holding a :class:`ConversationTrace`
-(or its :meth:`ConversationTrace.to_dict` form, as read back from JSON lines); a record
-without one, or with ``None``, trains call by call.
+:class:`ConversationSample` is what the learner trains: the ids with one
+:class:`Segment` per call, each carrying its advantage, sampling log-probs and allowed
+sets (:mod:`mage_rl.rl.batching` lays it out for the forward pass).
+
+A record carries its trace as an attribute ``conversation`` holding a
+:class:`ConversationTrace` (or its :meth:`ConversationTrace.to_dict` form, as read back
+from JSON lines); a record without one, or with ``None``, trains call by call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -92,3 +96,111 @@ def record_conversation(record: Any) -> ConversationTrace | None:
         f"record {getattr(record, 'uid', '?')!r} has a conversation of type "
         f"{type(value).__name__}; store a ConversationTrace or its to_dict() form"
     )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One assistant response inside a :class:`ConversationSample`.
+
+    Attributes:
+        start: Index of the response's first token in the conversation's ids; the
+            tokens before it were the call's prompt.
+        end: One past its last token.
+        old_logprobs: Sampling log-probs of ``ids[start:end]``.
+        advantage: The call's advantage, applied to each of its tokens.
+        allowed: Allowed ids of every position when the call used constrained
+            decoding; empty otherwise.
+    """
+
+    start: int
+    end: int
+    old_logprobs: Sequence[float]
+    advantage: float
+    allowed: Sequence[Sequence[int]] = ()
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ConversationSample:
+    """A meta-episode as one training sequence (the conversation prompt layout).
+
+    Attributes:
+        ids: The conversation's token ids.
+        segments: The assistant responses to train, in order, not overlapping; tokens
+            outside them are context and take no loss. Tokens after the last segment
+            are not even fed to the model.
+    """
+
+    ids: Sequence[int]
+    segments: Sequence[Segment]
+
+    @property
+    def length(self) -> int:
+        """Tokens fed to the model: up to the end of the last segment."""
+        return max((seg.end for seg in self.segments), default=0)
+
+    @property
+    def num_response_tokens(self) -> int:
+        """Tokens the loss is taken over (every segment's)."""
+        return sum(seg.length for seg in self.segments)
+
+    @property
+    def num_calls(self) -> int:
+        """LLM calls the sample trains: one per segment."""
+        return len(self.segments)
+
+    def with_old_logprobs(self, logprobs: Sequence[float]) -> ConversationSample:
+        """A copy whose segments take these log-probs, concatenated in segment order.
+
+        The layout :meth:`~mage_rl.rl.learner.Learner.compute_logprobs` returns.
+        """
+        if len(logprobs) != self.num_response_tokens:
+            raise ValueError(
+                f"got {len(logprobs)} log-probs for {self.num_response_tokens} segment tokens"
+            )
+        segments, at = [], 0
+        for seg in self.segments:
+            segments.append(replace(seg, old_logprobs=list(logprobs[at : at + seg.length])))
+            at += seg.length
+        return ConversationSample(self.ids, segments)
+
+    def ids_only(self) -> ConversationSample:
+        """A copy with zero log-probs and advantages, for scoring the ids alone."""
+        return ConversationSample(
+            self.ids,
+            [replace(seg, old_logprobs=[0.0] * seg.length, advantage=0.0) for seg in self.segments],
+        )
+
+    def validate(self, index: int) -> None:
+        """Raise ``ValueError`` with a fix if the sample cannot be trained on."""
+        previous_end = 1  # the first trained token needs one token of context before it
+        for k, seg in enumerate(self.segments):
+            where = f"conversation sample {index} segment {k} [{seg.start}, {seg.end})"
+            if seg.start < previous_end or seg.end <= seg.start or seg.end > len(self.ids):
+                raise ValueError(
+                    f"{where} is empty, out of order, overlaps the one before or runs past "
+                    f"the {len(self.ids)} ids; segments are the sampled responses, in "
+                    "order, after at least one prompt token"
+                )
+            previous_end = seg.end
+            if len(seg.old_logprobs) != seg.length:
+                raise ValueError(
+                    f"{where} has {seg.length} tokens but {len(seg.old_logprobs)} log-probs; "
+                    "the rollout backend must return one sampling log-prob per response token"
+                )
+            if seg.allowed:
+                if len(seg.allowed) != seg.length:
+                    raise ValueError(
+                        f"{where} has {seg.length} tokens but {len(seg.allowed)} allowed sets; "
+                        "constrained responses need one per token"
+                    )
+                tokens = self.ids[seg.start : seg.end]
+                for j, (token, ids) in enumerate(zip(tokens, seg.allowed, strict=True)):
+                    if ids and token not in ids:
+                        raise ValueError(
+                            f"{where}: token {j} ({token}) is not in its allowed set "
+                            f"{list(ids)}; the record does not match constrained decoding"
+                        )
