@@ -240,12 +240,15 @@ def bench_conversation(
         ``{"config": {...}, "layouts": {name: {...}}, "ratios": {...}}``; each layout has
         ``samples``, ``calls``, ``tokens_per_meta_episode`` (tokens fed to the model),
         ``trained_tokens_per_meta_episode``, ``longest_sequence``, ``warmup_s``,
-        ``update_s`` (fastest timed update) and ``repeat_s``. ``ratios`` divide the
-        re-rendered figures by the conversation ones.
+        ``update_s`` (fastest timed update) and ``repeat_s``; the layouts are
+        ``re-rendered``, ``re-rendered, response logits only`` (the same samples, the
+        learner computing only the logits it reads) and ``conversation``. ``ratios``
+        divide the re-rendered figures by the conversation ones.
     """
     import torch
 
     from mage_rl.policy.models import load_model
+    from mage_rl.rl.conversation import ConversationSample, Segment
     from mage_rl.rl.learner import Learner, LearnerConfig
 
     if game not in OPPONENTS or prompt not in ("compact", "standard"):
@@ -258,7 +261,23 @@ def bench_conversation(
         tokenizer, game, prompt, episodes, meta_episodes, seed, max_play_tokens, max_reflect_tokens
     )
     del lm
-    layouts = {"re-rendered": per_call, "conversation": conversations}
+    # The per-call samples again, each as a one-segment conversation sample: the same
+    # training, but the learner asks the model for the logits of the response positions
+    # only (as it does for conversations) rather than of every position after the
+    # shortest prompt of a micro-batch. It separates what the layout saves from what
+    # that saves.
+    as_segments = [
+        ConversationSample(
+            [*s.prompt_ids, *s.response_ids],
+            [Segment(len(s.prompt_ids), s.length, s.old_logprobs, s.advantage)],
+        )
+        for s in per_call
+    ]
+    layouts = {
+        "re-rendered": per_call,
+        "re-rendered, response logits only": as_segments,
+        "conversation": conversations,
+    }
     learners, batches, results = {}, {}, {}
     for name, samples in layouts.items():
         lm, _ = load_model(model, dtype="fp32")
@@ -300,6 +319,7 @@ def bench_conversation(
     del learners, batches
     gc.collect()
     rr, conv = results["re-rendered"], results["conversation"]
+    lean = results["re-rendered, response logits only"]
     return {
         "config": {
             "model": model,
@@ -320,6 +340,7 @@ def bench_conversation(
         "ratios": {
             "tokens": rr["tokens_per_meta_episode"] / conv["tokens_per_meta_episode"],
             "update_s": rr["update_s"] / conv["update_s"],
+            "update_s_response_logits_only": lean["update_s"] / conv["update_s"],
         },
     }
 
@@ -346,6 +367,7 @@ def format_conversation_report(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"Re-rendered / conversation: **{r['tokens']:.2f}x** tokens, "
-        f"**{r['update_s']:.2f}x** seconds per update.",
+        f"**{r['update_s']:.2f}x** seconds per update "
+        f"({r['update_s_response_logits_only']:.2f}x with response logits only).",
     ]
     return "\n".join(lines)

@@ -36,6 +36,9 @@ def test_bench_runs_on_the_tiny_model() -> None:
     rr, conv = result["layouts"]["re-rendered"], result["layouts"]["conversation"]
     assert rr["calls"] == conv["calls"] and conv["samples"] == 2
     assert rr["trained_tokens_per_meta_episode"] == conv["trained_tokens_per_meta_episode"]
+    lean = result["layouts"]["re-rendered, response logits only"]
+    assert lean["tokens_per_meta_episode"] == rr["tokens_per_meta_episode"]
+    assert lean["trained_tokens_per_meta_episode"] == rr["trained_tokens_per_meta_episode"]
     assert result["ratios"]["tokens"] > 1.5
     assert rr["steps"] == conv["steps"] == 1
     assert "Re-rendered / conversation" in format_conversation_report(result)
