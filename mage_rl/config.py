@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mage_rl.cluster.settings import OpenRLHFSection
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.rl.advantages import AdvantageConfig
-from mage_rl.rl.learner import LearnerConfig
+from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
 
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]

@@ -10,7 +10,10 @@ steps are replaced:
 1. :func:`experiences_from_records` computes the advantages with
    :func:`mage_rl.rl.advantages.compute_advantages` (returns, GiGPO, opponent grouping:
    the same functions the local learner uses) and builds one single-sample
-   ``Experience`` per turn, the advantage already spread over its response tokens.
+   ``Experience`` per training sample of :func:`mage_rl.rl.batching.samples_from_records`:
+   per turn, the advantage already spread over its response tokens, or, for a record in
+   the conversation layout, one per meta-episode whose assistant segments carry their
+   own advantages and sampling log-probs while the context between them is masked out.
 2. :func:`keep_mage_advantages` takes the place of the experience maker's
    ``compute_advantages_and_returns``: after OpenRLHF has scored the samples with its
    actor and reference groups, it leaves the MAGE advantages untouched instead of
@@ -18,7 +21,11 @@ steps are replaced:
 
 Token layout (OpenRLHF's): ``sequences`` is prompt + response, ``(1, T)``; the per-token
 fields are ``(1, T - 1)`` and index ``i`` holds the token at position ``i + 1``, so the
-response of a prompt of ``P`` tokens occupies indices ``P - 1 .. T - 2``.
+response of a prompt of ``P`` tokens occupies indices ``P - 1 .. T - 2``. A conversation's
+``sequences`` run up to its last segment, and a segment ``[s, e)`` occupies indices
+``s - 1 .. e - 2``; ``action_mask`` is true exactly there. OpenRLHF's actor scores every
+position and its token-mean losses read ``action_mask``, so the loss equals per-call
+training on the same tokens, as in the local learner.
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ from typing import Any
 
 import torch
 
-from mage_rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord, Turn
 from mage_rl.rl.advantages import AdvantageConfig, compute_advantages, final_reward
-from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.batching import ConversationSample, TrainingSample, record_samples
 from mage_rl.rl.returns import ReturnConfig
 
 
@@ -48,7 +55,7 @@ def experiences_from_records(
     *,
     advantages: Sequence[Sequence[float]] | None = None,
 ) -> list[Any]:
-    """One OpenRLHF ``Experience`` per turn, with its MAGE advantage.
+    """One OpenRLHF ``Experience`` per training sample, with its MAGE advantages.
 
     Args:
         records: A training batch: every rollout of every group (baselines are
@@ -59,13 +66,17 @@ def experiences_from_records(
             :func:`~mage_rl.rl.advantages.compute_advantages`; computed here if ``None``.
 
     Returns:
-        Experiences in record and turn order. Each has ``sequences``,
+        Experiences in record order; within a record, the conversation's (if it carries
+        one, see :mod:`mage_rl.rl.conversation`), then one per remaining turn in turn
+        order. Each has ``sequences``,
         ``attention_mask``, ``action_mask`` (bool), ``rollout_log_probs`` (the sampling
         log-probs), ``advantages`` and ``returns`` (the advantage on every response
         token, as OpenRLHF's REINFORCE-style estimators store them), ``rewards`` (the
         meta-episode's final reward, which OpenRLHF logs), ``response_length``,
-        ``truncated``, ``total_length``, ``prompts`` (the group uid), ``labels``
-        (``kind:episode:step``) and ``info`` (``reward``, ``mage_advantage``).
+        ``truncated`` (a response hit its token limit), ``total_length``, ``prompts`` (the
+        group uid), ``labels`` (``kind:episode:step``, joined by ``|`` over a
+        conversation's calls) and ``info`` (``reward``, ``mage_advantage``: the token mean
+        of the advantages).
 
     Raises:
         ValueError: If a turn has no token ids or log-probs (see
@@ -74,40 +85,64 @@ def experiences_from_records(
     experience = experience_class()
     if advantages is None:
         advantages = compute_advantages(records, ret_cfg, adv_cfg)
-    samples = samples_from_records(records, advantages)
+    if len(advantages) != len(records):
+        raise ValueError(f"got {len(records)} records but {len(advantages)} advantage lists")
     out = []
-    flat_turns = [(r, t) for r in records for t in r.turns if t.trained]
-    for sample, (record, turn) in zip(samples, flat_turns, strict=True):
-        prompt_len, resp_len = len(sample.prompt_ids), len(sample.response_ids)
-        total = prompt_len + resp_len
-        sequences = torch.tensor([*sample.prompt_ids, *sample.response_ids], dtype=torch.long)
-        action_mask = torch.zeros(total - 1, dtype=torch.bool)
-        action_mask[prompt_len - 1 :] = True
-        rollout_logp = torch.zeros(total - 1, dtype=torch.float32)
-        rollout_logp[prompt_len - 1 :] = torch.tensor(list(sample.old_logprobs))
-        adv = action_mask.float() * float(sample.advantage)
+    for record, advs in zip(records, advantages, strict=True):
         reward = torch.tensor([final_reward(record)], dtype=torch.float32)
-        out.append(
-            experience(
-                sequences=sequences.unsqueeze(0),
-                attention_mask=torch.ones(1, total, dtype=torch.long),
-                action_mask=action_mask.unsqueeze(0),
-                rollout_log_probs=rollout_logp.unsqueeze(0),
-                advantages=adv.unsqueeze(0),
-                returns=adv.clone().unsqueeze(0),
-                rewards=reward,
-                response_length=torch.tensor([float(resp_len)]),
-                truncated=torch.tensor([turn.finish_reason == "length"]),
-                total_length=torch.tensor([float(total)]),
-                prompts=[record.uid],
-                labels=[f"{turn.kind}:{turn.episode}:{turn.step}"],
-                info={
-                    "reward": reward.clone(),
-                    "mage_advantage": torch.tensor([float(sample.advantage)]),
-                },
-            )
-        )
+        for sample, turn_indices in record_samples(record, advs):
+            turns = [record.turns[j] for j in turn_indices]
+            out.append(_experience(experience, sample, turns, record.uid, reward))
     return out
+
+
+def _token_fields(sample: TrainingSample) -> tuple[list[int], list[tuple[int, int, float]]]:
+    """The sequence and its trained spans ``(start, end, advantage)`` in sequence positions."""
+    if isinstance(sample, ConversationSample):
+        spans = [(seg.start, seg.end, float(seg.advantage)) for seg in sample.segments]
+        return list(sample.ids[: sample.length]), spans
+    p = len(sample.prompt_ids)
+    spans = [(p, p + len(sample.response_ids), float(sample.advantage))]
+    return [*sample.prompt_ids, *sample.response_ids], spans
+
+
+def _experience(
+    experience: Any, sample: TrainingSample, turns: list[Turn], uid: str, reward: torch.Tensor
+) -> Any:
+    sequence, spans = _token_fields(sample)
+    total = len(sequence)
+    old = (
+        [x for seg in sample.segments for x in seg.old_logprobs]
+        if isinstance(sample, ConversationSample)
+        else list(sample.old_logprobs)
+    )
+    action_mask = torch.zeros(total - 1, dtype=torch.bool)
+    adv = torch.zeros(total - 1, dtype=torch.float32)
+    for start, end, value in spans:
+        # Index i of the per-token fields holds the token at position i + 1.
+        action_mask[start - 1 : end - 1] = True
+        adv[start - 1 : end - 1] = value
+    rollout_logp = torch.zeros(total - 1, dtype=torch.float32)
+    rollout_logp[action_mask] = torch.tensor(old, dtype=torch.float32)
+    n_actions = int(action_mask.sum())
+    return experience(
+        sequences=torch.tensor(sequence, dtype=torch.long).unsqueeze(0),
+        attention_mask=torch.ones(1, total, dtype=torch.long),
+        action_mask=action_mask.unsqueeze(0),
+        rollout_log_probs=rollout_logp.unsqueeze(0),
+        advantages=adv.unsqueeze(0),
+        returns=adv.clone().unsqueeze(0),
+        rewards=reward.clone(),
+        response_length=torch.tensor([float(n_actions)]),
+        truncated=torch.tensor([any(t.finish_reason == "length" for t in turns)]),
+        total_length=torch.tensor([float(total)]),
+        prompts=[uid],
+        labels=["|".join(f"{t.kind}:{t.episode}:{t.step}" for t in turns)],
+        info={
+            "reward": reward.clone(),
+            "mage_advantage": torch.tensor([float(adv.sum()) / max(n_actions, 1)]),
+        },
+    )
 
 
 def keep_mage_advantages(experiences: Sequence[Any]) -> list[Any]:

@@ -2,21 +2,36 @@
 
 A :class:`Sample` is one LLM call ready for the policy update: prompt and response token
 ids, the sampling log-probs of the response, and one advantage spread over the response
-tokens. The learner splits a batch of samples into mini-batches (one optimizer step
-each) and every mini-batch into micro-batches under a padded-token budget (gradient
+tokens. A :class:`ConversationSample` is a whole meta-episode in the conversation prompt
+layout (SPEC §2): one token sequence holding several assistant :class:`Segment` spans,
+each with its own advantage, old log-probs and allowed sets; every other token is
+context only. The learner splits a batch of samples into mini-batches (one optimizer
+step each) and every mini-batch into micro-batches under a padded-token budget (gradient
 accumulation), then right-pads each micro-batch into ``(B, T)`` tensors.
+
+Both kinds become the same :class:`MicroBatch` rows: the input tokens and, for every
+trained token, the position whose logits predict it. A segment ``[start, end)`` of a
+conversation is scored exactly as a :class:`Sample` whose prompt is ``ids[:start]`` and
+whose response is ``ids[start:end]`` (causal attention sees the same prefix), so with the
+token-mean loss one conversation trains exactly like its calls trained one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from mage_rl.policy.constrained import allowed_index
-from mage_rl.records import MetaEpisodeRecord
+from mage_rl.records import MetaEpisodeRecord, Turn
+from mage_rl.rl.conversation import (
+    ConversationSample,
+    ConversationTrace,
+    Segment,
+    record_conversation,
+)
 
 
 @dataclass(frozen=True)
@@ -86,15 +101,89 @@ class Sample:
         """Prompt plus response tokens."""
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def num_response_tokens(self) -> int:
+        """Tokens the loss is taken over."""
+        return len(self.response_ids)
+
+    @property
+    def num_calls(self) -> int:
+        """LLM calls the sample trains (what ``mini_batch_size`` counts): one."""
+        return 1
+
+    def with_old_logprobs(self, logprobs: Sequence[float]) -> Sample:
+        """A copy whose response tokens take these sampling log-probs."""
+        return replace(self, old_logprobs=list(logprobs))
+
+    def ids_only(self) -> Sample:
+        """A copy with zero log-probs and advantage, for scoring the ids alone."""
+        return Sample(
+            self.prompt_ids, self.response_ids, [0.0] * len(self.response_ids), 0.0, self.allowed
+        )
+
+
+TrainingSample = Sample | ConversationSample
+
+
+@dataclass(frozen=True)
+class _Row:
+    """What :func:`collate` needs of a sample: inputs and, per trained token, its position."""
+
+    input_ids: list[int]
+    positions: list[int]  # position whose logits predict each trained token
+    old_logprobs: list[float]
+    advantages: list[float]
+    allowed: list[list[int]]
+
+
+def _row(sample: TrainingSample) -> _Row:
+    """A sample as one micro-batch row; a conversation's segments are all targets."""
+    if isinstance(sample, Sample):
+        p, r = len(sample.prompt_ids), len(sample.response_ids)
+        return _Row(
+            input_ids=[*sample.prompt_ids, *sample.response_ids],
+            positions=list(range(p - 1, p - 1 + r)),
+            old_logprobs=list(sample.old_logprobs),
+            advantages=[float(sample.advantage)] * r,
+            allowed=[list(a) for a in sample.allowed] if sample.allowed else [],
+        )
+    positions: list[int] = []
+    old: list[float] = []
+    advantages: list[float] = []
+    allowed: list[list[int]] = []
+    constrained = any(seg.allowed for seg in sample.segments)
+    for seg in sample.segments:
+        positions.extend(range(seg.start - 1, seg.end - 1))
+        old.extend(float(x) for x in seg.old_logprobs)
+        advantages.extend([float(seg.advantage)] * seg.length)
+        if constrained:
+            # A free segment next to constrained ones: empty sets mean unrestricted.
+            sets = seg.allowed or [[]] * seg.length
+            allowed.extend(list(a) for a in sets)
+    return _Row(list(sample.ids[: sample.length]), positions, old, advantages, allowed)
+
+
+def coerce_sample(item: Any) -> TrainingSample:
+    """A :class:`ConversationSample`, or anything :meth:`Sample.coerce` accepts."""
+    if isinstance(item, ConversationSample):
+        return item
+    return Sample.coerce(item)
+
 
 def samples_from_records(
     records: Sequence[MetaEpisodeRecord], advantages: Sequence[Sequence[float]]
-) -> list[Sample]:
+) -> list[TrainingSample]:
     """Pair every trained turn with its advantage (from
     :func:`~mage_rl.rl.advantages.compute_advantages`).
 
     Turns a node marked ``trained=False`` are credited (they took part in the returns and
-    baselines) but give no sample.
+    baselines) but give no sample, and no segment of a conversation sample.
+
+    A record without a conversation gives one :class:`Sample` per turn, in turn order. A
+    record that carries one (its ``conversation`` attribute, a
+    :class:`~mage_rl.rl.conversation.ConversationTrace`) gives one
+    :class:`ConversationSample` for the turns its segments cover, followed by a
+    :class:`Sample` for each turn it does not cover.
 
     Raises:
         ValueError: If the shapes disagree or a turn carries no token ids or log-probs
@@ -102,27 +191,132 @@ def samples_from_records(
     """
     if len(records) != len(advantages):
         raise ValueError(f"got {len(records)} records but {len(advantages)} advantage lists")
-    samples = []
-    for record, advs in zip(records, advantages, strict=True):
-        if len(advs) != len(record.turns):
+    return [
+        sample
+        for record, advs in zip(records, advantages, strict=True)
+        for sample, _ in record_samples(record, advs)
+    ]
+
+
+def record_samples(
+    record: MetaEpisodeRecord, advantages: Sequence[float]
+) -> list[tuple[TrainingSample, list[int]]]:
+    """One record's samples (see :func:`samples_from_records`), each with the turns it trains.
+
+    Returns:
+        ``(sample, turn_indices)`` pairs: the conversation sample (if any) with its
+        segments' turns, then one pair per turn trained on its own.
+    """
+    if len(advantages) != len(record.turns):
+        raise ValueError(
+            f"record {record.uid!r} (rollout {record.rollout}) has {len(record.turns)} "
+            f"turns but {len(advantages)} advantages"
+        )
+    for j, turn in enumerate(record.turns):
+        if turn.trained:
+            _check_turn_tokens(record, j, turn)
+    out: list[tuple[TrainingSample, list[int]]] = []
+    trace = record_conversation(record)
+    covered: set[int] = set()
+    if trace is not None:
+        conversation = conversation_sample(trace, record.turns, advantages, record.uid)
+        out.append((conversation, [turn for _, _, turn in trace.segments]))
+        covered = set(out[0][1])
+    for j, (turn, adv) in enumerate(zip(record.turns, advantages, strict=True)):
+        if j not in covered and turn.trained:
+            sample = Sample(
+                turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed
+            )
+            out.append((sample, [j]))
+    return out
+
+
+def conversation_sample(
+    trace: ConversationTrace,
+    turns: Sequence[Turn],
+    advantages: Sequence[float],
+    uid: str = "",
+) -> ConversationSample:
+    """The training sequence of a meta-episode recorded in the conversation layout.
+
+    Args:
+        trace: The conversation's ids and its ``(start, end, turn_index)`` segments.
+        turns: The record's turns; segment ``(s, e, j)`` trains ``turns[j]``, whose
+            ``response_ids`` must equal ``trace.ids[s:e]``. Its sampling log-probs and
+            allowed sets come from the turn.
+        advantages: One advantage per turn (all of ``turns``, covered or not).
+        uid: The record's uid, for error messages.
+
+    Returns:
+        A :class:`ConversationSample` with one segment per trace segment, in order.
+
+    Raises:
+        ValueError: If a segment names a missing turn, two segments name the same turn,
+            or a segment's ids are not its turn's response.
+    """
+    if len(advantages) != len(turns):
+        raise ValueError(f"got {len(turns)} turns but {len(advantages)} advantages")
+    segments = []
+    seen: set[int] = set()
+    for start, end, j in trace.segments:
+        where = f"record {uid!r}: conversation segment [{start}, {end}) of turn {j}"
+        if not 0 <= j < len(turns) or j in seen:
             raise ValueError(
-                f"record {record.uid!r} (rollout {record.rollout}) has {len(record.turns)} "
-                f"turns but {len(advs)} advantages"
+                f"{where} names a turn that does not exist or another segment already "
+                f"trains (the record has {len(turns)} turns)"
             )
-        for j, (turn, adv) in enumerate(zip(record.turns, advs, strict=True)):
-            if not turn.trained:
-                continue
-            if not turn.response_ids or len(turn.logprobs) != len(turn.response_ids):
-                raise ValueError(
-                    f"record {record.uid!r} (rollout {record.rollout}) turn {j} has "
-                    f"{len(turn.response_ids)} response ids and {len(turn.logprobs)} log-probs; "
-                    "training needs a policy backend that returns token ids and sampling "
-                    "log-probs (the local engine or vLLM, not a text-only endpoint)"
-                )
-            samples.append(
-                Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed)
+        seen.add(j)
+        turn = turns[j]
+        if list(trace.ids[start:end]) != list(turn.response_ids):
+            raise ValueError(
+                f"{where} does not hold that turn's response ids; record the conversation "
+                "with the ids exactly as sampled, one segment per call"
             )
-    return samples
+        if turn.trained:  # an untrained call stays in the context, masked out of the loss
+            segments.append(Segment(start, end, turn.logprobs, float(advantages[j]), turn.allowed))
+    return ConversationSample(trace.ids, segments)
+
+
+def _check_turn_tokens(record: MetaEpisodeRecord, j: int, turn: Turn) -> None:
+    if not turn.response_ids or len(turn.logprobs) != len(turn.response_ids):
+        raise ValueError(
+            f"record {record.uid!r} (rollout {record.rollout}) turn {j} has "
+            f"{len(turn.response_ids)} response ids and {len(turn.logprobs)} log-probs; "
+            "training needs a policy backend that returns token ids and sampling "
+            "log-probs (the local engine or vLLM, not a text-only endpoint)"
+        )
+
+
+def cut_mini_batches(
+    order: Sequence[int], calls: Sequence[int], mini_batch_size: int
+) -> list[list[int]]:
+    """Cut samples, taken in ``order``, into mini-batches of at most ``mini_batch_size`` calls.
+
+    A sample counts its LLM calls (1 for a :class:`Sample`, one per segment for a
+    :class:`ConversationSample`) and is never split, so a conversation with more calls
+    than the size gets a mini-batch of its own. With per-call samples only, this is
+    plain chunking of ``order``.
+
+    Args:
+        order: Sample indices in the order to take them (shuffled by the learner).
+        calls: LLM calls per sample, indexed like the samples.
+        mini_batch_size: Most calls per mini-batch (>= 1).
+
+    Returns:
+        Lists of indices; every index of ``order`` appears exactly once, in order.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    count = 0
+    for i in order:
+        if current and count + calls[i] > mini_batch_size:
+            batches.append(current)
+            current, count = [], 0
+        current.append(i)
+        count += calls[i]
+    if current:
+        batches.append(current)
+    return batches
 
 
 def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -161,15 +355,19 @@ class MicroBatch:
     Attributes:
         input_ids: Prompt and response tokens, right-padded, ``(B, T)`` int64.
         attention_mask: 1 on real tokens, ``(B, T)`` int64.
-        positions: For response token ``j`` of row ``b``, the input position whose logits
-            predict it, ``prompt_len_b - 1 + j``; 0 on padding, ``(B, R)`` int64.
-        response_ids: Response tokens, right-padded, ``(B, R)`` int64.
+        positions: For trained token ``j`` of row ``b``, the input position whose logits
+            predict it (``prompt_len_b - 1 + j`` for a :class:`Sample`); 0 on padding,
+            ``(B, R)`` int64.
+        response_ids: Trained tokens, right-padded, ``(B, R)`` int64.
         old_logprobs: Sampling log-probs, ``(B, R)`` float32.
         advantages: Per-token advantages, ``(B, R)`` float32.
         mask: 1 on valid response tokens, ``(B, R)`` float32.
         min_prompt_len: Shortest prompt of the batch (logits before it are not needed).
         allowed_index: Allowed ids of constrained positions, ``(B, R, A)`` int64 padded
             with -1, or ``None`` when no sample was constrained.
+        conversation: Whether a row is a :class:`ConversationSample`: the learner then
+            asks the model for the logits of ``positions`` only, since most positions of
+            a conversation are context between segments.
     """
 
     input_ids: torch.Tensor
@@ -181,6 +379,7 @@ class MicroBatch:
     mask: torch.Tensor
     min_prompt_len: int
     allowed_index: torch.Tensor | None = None
+    conversation: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -202,14 +401,25 @@ class MicroBatch:
             )
         }
         allowed = None if self.allowed_index is None else self.allowed_index.to(device)
-        return MicroBatch(**moved, min_prompt_len=self.min_prompt_len, allowed_index=allowed)
+        return MicroBatch(
+            **moved,
+            min_prompt_len=self.min_prompt_len,
+            allowed_index=allowed,
+            conversation=self.conversation,
+        )
 
 
-def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
-    """Right-pad samples into a :class:`MicroBatch` (padding is masked out, any id works)."""
-    batch = len(samples)
-    width = max(s.length for s in samples)
-    resp_width = max(len(s.response_ids) for s in samples)
+def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
+    """Right-pad samples into a :class:`MicroBatch` (padding is masked out, any id works).
+
+    A :class:`Sample` row holds its prompt and response and trains the response; a
+    :class:`ConversationSample` row holds the conversation up to its last segment and
+    trains every segment (``positions`` then jumps over the context between segments).
+    """
+    rows = [_row(s) for s in samples]
+    batch = len(rows)
+    width = max(len(r.input_ids) for r in rows)
+    resp_width = max(len(r.positions) for r in rows)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
     positions = torch.zeros((batch, resp_width), dtype=torch.long)
@@ -217,14 +427,16 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
     old_logprobs = torch.zeros((batch, resp_width), dtype=torch.float32)
     advantages = torch.zeros((batch, resp_width), dtype=torch.float32)
     mask = torch.zeros((batch, resp_width), dtype=torch.float32)
-    for b, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[b, : p + r] = torch.tensor([*s.prompt_ids, *s.response_ids], dtype=torch.long)
-        attention_mask[b, : p + r] = 1
-        positions[b, :r] = torch.arange(p - 1, p - 1 + r)
-        response_ids[b, :r] = torch.tensor(list(s.response_ids), dtype=torch.long)
-        old_logprobs[b, :r] = torch.tensor(list(s.old_logprobs), dtype=torch.float32)
-        advantages[b, :r] = float(s.advantage)
+    for b, row in enumerate(rows):
+        n, r = len(row.input_ids), len(row.positions)
+        ids = torch.tensor(row.input_ids, dtype=torch.long)
+        pos = torch.tensor(row.positions, dtype=torch.long)
+        input_ids[b, :n] = ids
+        attention_mask[b, :n] = 1
+        positions[b, :r] = pos
+        response_ids[b, :r] = ids[pos + 1]
+        old_logprobs[b, :r] = torch.tensor(row.old_logprobs, dtype=torch.float32)
+        advantages[b, :r] = torch.tensor(row.advantages, dtype=torch.float32)
         mask[b, :r] = 1.0
     return MicroBatch(
         input_ids=input_ids,
@@ -234,6 +446,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         old_logprobs=old_logprobs,
         advantages=advantages,
         mask=mask,
-        min_prompt_len=min(len(s.prompt_ids) for s in samples),
-        allowed_index=allowed_index([s.allowed for s in samples], resp_width),
+        min_prompt_len=min(r.positions[0] + 1 if r.positions else len(r.input_ids) for r in rows),
+        allowed_index=allowed_index([r.allowed for r in rows], resp_width),
+        conversation=any(isinstance(s, ConversationSample) for s in samples),
     )

@@ -8,13 +8,16 @@ References:
 One call to :meth:`Learner.update`:
 
 1. Coerce and validate the samples (prompt ids, response ids, sampling log-probs, one
-   advantage each); drop samples without response tokens.
+   advantage each; or a conversation sample, one sequence per meta-episode whose
+   assistant segments carry their own); drop samples without response tokens.
 2. For each PPO epoch, shuffle (seeded) and cut the samples into mini-batches of
-   ``mini_batch_size``; each mini-batch is one optimizer step.
+   ``mini_batch_size`` LLM calls (a conversation sample counts one per segment and is
+   never split); each mini-batch is one optimizer step.
 3. Pack each mini-batch into micro-batches under ``micro_batch_tokens`` padded tokens.
    Each micro-batch runs one right-padded forward pass; the log-prob of response token j
-   is read from the logits at position ``len(prompt) - 1 + j``, after dividing the logits
-   by the sampling temperature.
+   is read from the logits at position ``len(prompt) - 1 + j`` (in a conversation, the
+   position before each segment token), after dividing the logits by the sampling
+   temperature.
 4. Loss per micro-batch: PPO-clip surrogate + ``kl_coef`` * k3 KL to the reference -
    ``entropy_coef`` * entropy, each a token sum divided by the token count of the whole
    mini-batch, so accumulated gradients equal the mini-batch token mean exactly.
@@ -35,17 +38,23 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from mage_rl.policy.models import DType, cpu_supports_bf16
-from mage_rl.rl.batching import MicroBatch, Sample, collate, pack_micro_batches
+from mage_rl.rl.batching import (
+    MicroBatch,
+    TrainingSample,
+    coerce_sample,
+    collate,
+    cut_mini_batches,
+    pack_micro_batches,
+)
 from mage_rl.rl.checkpoint import LearnerCheckpoints
+from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import (
-    KLKind,
     entropy_from_logits,
     gather_logprobs,
     kl_penalty,
@@ -54,147 +63,6 @@ from mage_rl.rl.loss import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_LORA_TARGETS: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Optimization settings of the embedded learner.
-
-    Attributes:
-        lr: AdamW learning rate, constant (paper: 1e-6 for Qwen3-4B full fine-tuning).
-            Small models and LoRA adapters tolerate and need larger values (1e-5..1e-4).
-        weight_decay: AdamW decoupled weight decay; 0 keeps the policy close to its
-            initialization only through the KL term.
-        betas: AdamW moment coefficients.
-        adam_eps: AdamW epsilon.
-        clip_eps: PPO clip range (PPO eq. 7; 0.2). Larger values allow bigger policy
-            moves per step at the cost of stability.
-        kl_coef: Weight of the KL loss to the reference (initial) policy; 0 disables it
-            and no reference copy is kept. SPEC §6 uses 0.1 for the games (the config
-            files set it); it limits drift and language degradation but slows learning.
-        kl_kind: KL estimator: ``"low_var_kl"`` (k3, Schulman 2020; unbiased and
-            non-negative), ``"k1"`` or ``"k2"``.
-        entropy_coef: Weight of the entropy bonus (SPEC §6: 0.001); keeps exploration
-            alive, too large a value makes responses ramble. With ``entropy_target`` it
-            is the starting weight.
-        entropy_target: Adaptive entropy bonus when > 0: after each update the weight
-            moves by ``entropy_coef_step``, up when the update's mean entropy (nats per
-            response token, the reported ``entropy``; tokens that constrained decoding
-            forces count as 0) was below this target, down when above, kept within
-            ``[0, entropy_coef_max]``. A policy that turns deterministic early stops
-            sampling the actions it would need to compare; this holds its entropy near
-            the target instead. 0 keeps ``entropy_coef`` fixed.
-        entropy_target_positions: What ``entropy_target`` is compared with: ``"all"``,
-            the mean over every response token (the reported ``entropy``), or
-            ``"free"``, the mean over the positions where more than one token is
-            allowed (the reported ``entropy_free``: under constrained decoding the
-            choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
-            the target is in nats per choice, whatever the length of the forced text
-            around it, and a two-way choice can reach up to ln 2.
-        entropy_coef_step: Change of the adaptive weight per update.
-        entropy_coef_max: Upper bound of the adaptive weight.
-        max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
-            still reported).
-        mini_batch_size: Samples per optimizer step (paper: 64). A batch of N samples
-            gives ``ceil(N / mini_batch_size)`` steps per epoch.
-        micro_batch_tokens: Budget of padded tokens (prompt + response) per forward
-            pass; trades memory for speed, leaves the gradient unchanged.
-        ppo_epochs: Passes over the batch (SPEC §6: 1). More epochs reuse samples more
-            but go further off-policy.
-        shuffle: Shuffle samples before cutting mini-batches (seeded by ``seed``), so a
-            mini-batch mixes groups.
-        seed: Seed of the shuffling generator (saved and restored with checkpoints).
-        temperature: Temperature the rollouts were sampled at; logits are divided by it
-            so that the learner's log-probs match the sampling distribution and the
-            ratio starts at 1. Top-p/top-k truncation cannot be reproduced, so train
-            with ``top_p = 1`` and ``top_k = 0`` (the paper samples at 1.0).
-        dtype: Forward-pass precision. ``"fp32"``: exact. ``"bf16"``: bfloat16 autocast
-            (master weights and optimizer stay float32). ``"auto"``: bf16 on CUDA with bf16
-            support or on CPUs with ``avx512_bf16``/``amx_bf16``, else fp32.
-        lora: Train LoRA adapters (arXiv 2106.09685) instead of all weights; the
-            reference policy is then the base model with adapters disabled, so no copy
-            is needed.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator (scale = ``lora_alpha / lora_r``).
-        lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
-        lora_target_modules: Module names that get adapters (all attention and MLP
-            projections of Llama/Qwen-style models by default).
-    """
-
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    kl_kind: KLKind = "low_var_kl"
-    entropy_coef: float = 0.001
-    entropy_target: float = 0.0
-    entropy_target_positions: str = "all"
-    entropy_coef_step: float = 0.01
-    entropy_coef_max: float = 10.0
-    max_grad_norm: float = 1.0
-    mini_batch_size: int = 64
-    micro_batch_tokens: int = 4096
-    ppo_epochs: int = 1
-    shuffle: bool = True
-    seed: int = 0
-    temperature: float = 1.0
-    dtype: DType = "auto"
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
-
-    def __post_init__(self) -> None:
-        positive = ("lr", "adam_eps", "clip_eps", "temperature")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"LearnerConfig.{name} must be > 0, got {getattr(self, name)}")
-        non_negative = (
-            "weight_decay",
-            "kl_coef",
-            "entropy_coef",
-            "entropy_target",
-            "entropy_coef_step",
-            "entropy_coef_max",
-            "max_grad_norm",
-            "lora_dropout",
-        )
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ValueError(f"LearnerConfig.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("mini_batch_size", "micro_batch_tokens", "ppo_epochs", "lora_r", "lora_alpha"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.dtype not in ("auto", "bf16", "fp32"):
-            raise ValueError(
-                f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
-            )
-        if self.entropy_target_positions not in ("all", "free"):
-            raise ValueError(
-                "LearnerConfig.entropy_target_positions must be 'all' or 'free', got "
-                f"{self.entropy_target_positions!r}"
-            )
-        if self.kl_kind not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
-            raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"LearnerConfig.betas must be two values in [0, 1), got {self.betas}")
-        if self.lora and not self.lora_target_modules:
-            raise ValueError(
-                "LearnerConfig.lora_target_modules is empty; name the modules to adapt"
-            )
 
 
 def resolve_autocast_dtype(dtype: DType, device: torch.device) -> torch.dtype | None:
@@ -326,6 +194,18 @@ class Learner(LearnerCheckpoints):
         """Logits that predict each response token, divided by the temperature: ``(B, R, V)``."""
         width = batch.input_ids.shape[1]
         kwargs: dict[str, Any] = {}
+        if batch.conversation and self._keep_logits.get(id(model), False):
+            # A conversation's trained positions are scattered between long stretches of
+            # context: ask for the logits of exactly those, (B, R, V), rather than of
+            # every position after the first prompt.
+            with self._autocast():
+                out = model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    use_cache=False,
+                    logits_to_keep=batch.positions,
+                )
+            return out.logits.float() / temperature
         if self._keep_logits.get(id(model), False):
             # Logits of positions before the shortest prompt's last token are never used.
             kwargs["logits_to_keep"] = width - batch.min_prompt_len + 1
@@ -359,14 +239,27 @@ class Learner(LearnerCheckpoints):
             return gather_logprobs(logits, batch.response_ids, batch.allowed_index)
 
     @staticmethod
-    def _prepare_samples(samples: Iterable[Any]) -> list[Sample]:
+    def _prepare_samples(samples: Iterable[Any]) -> list[TrainingSample]:
         prepared = []
         for i, item in enumerate(samples):
-            sample = Sample.coerce(item)
+            sample = coerce_sample(item)
             sample.validate(i)
-            if sample.response_ids:
+            if sample.num_response_tokens:
                 prepared.append(sample)
         return prepared
+
+    def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[TrainingSample]]:
+        """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size`` calls."""
+        cfg = self.config
+        if cfg.shuffle:
+            order = torch.randperm(len(items), generator=self._generator).tolist()
+        else:
+            order = list(range(len(items)))
+        calls = [s.num_calls for s in items]
+        return [
+            [items[i] for i in group]
+            for group in cut_mini_batches(order, calls, cfg.mini_batch_size)
+        ]
 
     # ---- public API ----------------------------------------------------------------
 
@@ -376,33 +269,24 @@ class Learner(LearnerCheckpoints):
     ) -> list[list[float]]:
         """Log-probs of each sample's response tokens under the current policy.
 
-        Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only
-        ``prompt_ids``, ``response_ids`` and ``allowed`` (constrained positions are scored
-        under the restricted softmax) of the samples are read.
+        Useful to fill ``old_logprobs`` when a backend cannot, and in tests. Only the ids
+        and ``allowed`` (constrained positions are scored under the restricted softmax) of
+        the samples are read. A conversation sample gets the log-probs of its segments'
+        tokens, concatenated in segment order.
         """
         temp = self.config.temperature if temperature is None else temperature
-        items = [Sample.coerce(s) for s in samples]
+        items = [coerce_sample(s) for s in samples]
         out: list[list[float]] = [[] for _ in items]
-        nonempty = [i for i, s in enumerate(items) if s.response_ids]
+        nonempty = [i for i, s in enumerate(items) if s.num_response_tokens]
         lengths = [items[i].length for i in nonempty]
         for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
             chosen = [nonempty[g] for g in group]
             # Only the ids matter here; zero log-probs and advantages fill the batch.
-            ids_only = [
-                Sample(
-                    items[i].prompt_ids,
-                    items[i].response_ids,
-                    [0.0] * len(items[i].response_ids),
-                    0.0,
-                    items[i].allowed,
-                )
-                for i in chosen
-            ]
-            batch = collate(ids_only).to(self.device)
+            batch = collate([items[i].ids_only() for i in chosen]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
             for row, i in enumerate(chosen):
-                out[i] = logp[row, : len(items[i].response_ids)].tolist()
+                out[i] = logp[row, : items[i].num_response_tokens].tolist()
         return out
 
     def accumulate_gradients(
@@ -417,7 +301,7 @@ class Learner(LearnerCheckpoints):
         public for gradient checks and custom loops.
 
         Args:
-            samples: :class:`Sample` objects or 4-tuples.
+            samples: :class:`Sample` or :class:`ConversationSample` objects, or 4-tuples.
             num_tokens: Token-mean denominator; defaults to the response tokens of
                 ``samples`` (pass the whole mini-batch's count when ``samples`` is part
                 of it).
@@ -432,7 +316,7 @@ class Learner(LearnerCheckpoints):
         cfg = self.config
         temp = cfg.temperature if temperature is None else temperature
         items = self._prepare_samples(samples)
-        total = num_tokens if num_tokens is not None else sum(len(s.response_ids) for s in items)
+        total = num_tokens if num_tokens is not None else sum(s.num_response_tokens for s in items)
         stats: dict[str, float] = defaultdict(float)
         for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
             batch = collate([items[i] for i in group]).to(self.device)
@@ -476,7 +360,10 @@ class Learner(LearnerCheckpoints):
 
         Args:
             samples: :class:`Sample` objects or ``(prompt_ids, response_ids, old_logprobs,
-                advantage)`` tuples; the advantage applies to every response token.
+                advantage)`` tuples, the advantage applying to every response token; or
+                :class:`ConversationSample` objects (one per meta-episode), each segment
+                with its own advantage. The token mean runs over every trained token of a
+                mini-batch, so a conversation trains exactly as its calls would one by one.
             temperature: Sampling temperature of the rollouts (default:
                 ``config.temperature``).
 
@@ -506,13 +393,8 @@ class Learner(LearnerCheckpoints):
         seen_tokens = 0
         trained_tokens = 0
         for _ in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                order = torch.randperm(len(items), generator=self._generator).tolist()
-            else:
-                order = list(range(len(items)))
-            for first in range(0, len(order), cfg.mini_batch_size):
-                mini = [items[i] for i in order[first : first + cfg.mini_batch_size]]
-                n_tokens = sum(len(s.response_ids) for s in mini)
+            for mini in self._mini_batches(items):
+                n_tokens = sum(s.num_response_tokens for s in mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 stats = self.accumulate_gradients(
                     mini, num_tokens=n_tokens, temperature=temperature

@@ -21,7 +21,6 @@ the folder's life cycle are in :mod:`mage_rl.rl.run_folder`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -149,10 +148,7 @@ class Trainer:
         samples = samples_from_records(records, advantages)
         if self.recompute_old_logprobs:
             fresh = self.learner.compute_logprobs(samples)
-            samples = [
-                dataclasses.replace(s, old_logprobs=lp)
-                for s, lp in zip(samples, fresh, strict=True)
-            ]
+            samples = [s.with_old_logprobs(lp) for s, lp in zip(samples, fresh, strict=True)]
         stats = self.learner.update(samples)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         return stats

@@ -138,3 +138,87 @@ def test_openrlhf_loss_trains_the_actor_on_mage_experiences(rollout) -> None:
     loss.backward()
     optim.step()
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _conversation_record(model, tokenizer):
+    """A meta-episode of five calls in the conversation layout, with the model's log-probs."""
+    from mage_rl.policy.conversation import ConversationTemplate
+    from mage_rl.records import MetaEpisodeRecord, Turn
+    from mage_rl.rl.batching import Sample
+    from mage_rl.rl.conversation import ConversationTrace
+
+    template = ConversationTemplate(tokenizer)
+    conv = template.start(
+        [{"role": "system", "content": "Kuhn Poker."}, {"role": "user", "content": "Card: King."}]
+    )
+    g = torch.Generator().manual_seed(0)
+    for call in range(5):
+        ids = torch.randint(10, 300, (3 + 2 * call,), generator=g).tolist()
+        conv = template.append_response(conv, ids, tokenizer.decode(ids))
+        content = f"Step {call}: the opponent played BET."
+        conv = template.append_messages(conv, [{"role": "user", "content": content}])
+    spans = list(conv.segments)
+    calls = [Sample(conv.ids[:s], conv.ids[s:e], [0.0] * (e - s), 0.0) for s, e in spans]
+    logprobs = Learner(model, LearnerConfig(dtype="fp32")).compute_logprobs(calls)
+    turns = [
+        Turn(kind="play", episode=0, step=k, prompt_ids=list(c.prompt_ids),
+             response_ids=list(c.response_ids), logprobs=lp)
+        for k, (c, lp) in enumerate(zip(calls, logprobs, strict=True))
+    ]  # fmt: skip
+    record = MetaEpisodeRecord(
+        uid="u", rollout=0, env="kuhn_poker", seed=0, opponent="o", seat=0, turns=turns
+    )
+    trace = ConversationTrace(
+        ids=list(conv.ids), segments=[(s, e, k) for k, (s, e) in enumerate(spans)]
+    )
+    return record, trace
+
+
+def test_conversation_experience_trains_like_its_calls(rollout) -> None:
+    _cfg, model, tokenizer, _p, _s, _r = rollout
+    record, trace = _conversation_record(model, tokenizer)
+    advantages = [[1.5, -0.5, 2.0, -1.0, 0.25]]
+    per_call = experiences_from_records([record], advantages=advantages)
+    record.conversation = trace
+    (conv,) = experiences_from_records([record], advantages=advantages)
+    turns = record.turns
+    # The action mask selects exactly the segments' tokens, with their own advantages and
+    # sampling log-probs; the context between segments is masked out.
+    mask = conv.action_mask[0]
+    assert conv.sequences.shape == (1, trace.segments[-1][1])
+    assert conv.sequences[0, 1:][mask].tolist() == [t for turn in turns for t in turn.response_ids]
+    expected_adv = [
+        a for turn, a in zip(turns, advantages[0], strict=True) for _ in turn.response_ids
+    ]
+    assert conv.advantages[0][mask].tolist() == pytest.approx(expected_adv)
+    old = [x for turn in turns for x in turn.logprobs]
+    assert conv.rollout_log_probs[0][mask].tolist() == pytest.approx(old)
+    assert float(conv.advantages[0][~mask].abs().sum()) == 0.0
+    assert conv.labels == ["|".join(f"play:0:{k}" for k in range(5))]
+
+    # OpenRLHF's actor and token-mean PolicyLoss give the same log-probs and loss on the
+    # conversation as on its calls, batched the OpenRLHF way.
+    (conv,) = keep_mage_advantages([conv])
+    (calls,) = keep_mage_advantages(
+        [Experience.concat_experiences(per_call, tokenizer.pad_token_id)]
+    )
+    actor = Actor(model, temperature=1.0)
+    actor.packing_samples = False
+    actor.eval()
+    logp_conv = actor(conv.sequences, conv.action_mask, attention_mask=conv.attention_mask)
+    logp_calls = actor(calls.sequences, calls.action_mask, attention_mask=calls.attention_mask)
+    torch.testing.assert_close(
+        logp_conv[conv.action_mask], logp_calls[calls.action_mask], atol=1e-5, rtol=1e-5
+    )
+    assert torch.allclose(logp_conv[conv.action_mask], torch.tensor(old), atol=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    noise = 0.3 * torch.randn(len(old), generator=gen)
+    losses = []
+    for exp, logp in ((conv, logp_conv), (calls, logp_calls)):
+        shifted = exp.rollout_log_probs.clone()
+        shifted[exp.action_mask] += noise
+        loss, clip_ratio, *_ = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2)(
+            logp, shifted, exp.advantages, action_mask=exp.action_mask
+        )
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,154 @@
+"""Settings of the embedded learner (:class:`~mage_rl.rl.learner.Learner`): optimizer,
+PPO loss, KL and entropy terms, batching, precision and LoRA.
+
+Kept apart from the learner so that configs can name them without importing the learner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mage_rl.policy.models import DType
+from mage_rl.rl.loss import KLKind
+
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Optimization settings of the embedded learner.
+
+    Attributes:
+        lr: AdamW learning rate, constant (paper: 1e-6 for Qwen3-4B full fine-tuning).
+            Small models and LoRA adapters tolerate and need larger values (1e-5..1e-4).
+        weight_decay: AdamW decoupled weight decay; 0 keeps the policy close to its
+            initialization only through the KL term.
+        betas: AdamW moment coefficients.
+        adam_eps: AdamW epsilon.
+        clip_eps: PPO clip range (PPO eq. 7; 0.2). Larger values allow bigger policy
+            moves per step at the cost of stability.
+        kl_coef: Weight of the KL loss to the reference (initial) policy; 0 disables it
+            and no reference copy is kept. SPEC §6 uses 0.1 for the games (the config
+            files set it); it limits drift and language degradation but slows learning.
+        kl_kind: KL estimator: ``"low_var_kl"`` (k3, Schulman 2020; unbiased and
+            non-negative), ``"k1"`` or ``"k2"``.
+        entropy_coef: Weight of the entropy bonus (SPEC §6: 0.001); keeps exploration
+            alive, too large a value makes responses ramble. With ``entropy_target`` it
+            is the starting weight.
+        entropy_target: Adaptive entropy bonus when > 0: after each update the weight
+            moves by ``entropy_coef_step``, up when the update's mean entropy (nats per
+            response token, the reported ``entropy``; tokens that constrained decoding
+            forces count as 0) was below this target, down when above, kept within
+            ``[0, entropy_coef_max]``. A policy that turns deterministic early stops
+            sampling the actions it would need to compare; this holds its entropy near
+            the target instead. 0 keeps ``entropy_coef`` fixed.
+        entropy_target_positions: What ``entropy_target`` is compared with: ``"all"``,
+            the mean over every response token (the reported ``entropy``), or
+            ``"free"``, the mean over the positions where more than one token is
+            allowed (the reported ``entropy_free``: under constrained decoding the
+            choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
+            the target is in nats per choice, whatever the length of the forced text
+            around it, and a two-way choice can reach up to ln 2.
+        entropy_coef_step: Change of the adaptive weight per update.
+        entropy_coef_max: Upper bound of the adaptive weight.
+        max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
+            still reported).
+        mini_batch_size: LLM calls per optimizer step (paper: 64). A batch of N per-call
+            samples gives ``ceil(N / mini_batch_size)`` steps per epoch; a conversation
+            sample counts one call per segment and is never split across steps.
+        micro_batch_tokens: Budget of padded tokens (prompt + response) per forward
+            pass; trades memory for speed, leaves the gradient unchanged.
+        ppo_epochs: Passes over the batch (SPEC §6: 1). More epochs reuse samples more
+            but go further off-policy.
+        shuffle: Shuffle samples before cutting mini-batches (seeded by ``seed``), so a
+            mini-batch mixes groups.
+        seed: Seed of the shuffling generator (saved and restored with checkpoints).
+        temperature: Temperature the rollouts were sampled at; logits are divided by it
+            so that the learner's log-probs match the sampling distribution and the
+            ratio starts at 1. Top-p/top-k truncation cannot be reproduced, so train
+            with ``top_p = 1`` and ``top_k = 0`` (the paper samples at 1.0).
+        dtype: Forward-pass precision. ``"fp32"``: exact. ``"bf16"``: bfloat16 autocast
+            (master weights and optimizer stay float32). ``"auto"``: bf16 on CUDA with bf16
+            support or on CPUs with ``avx512_bf16``/``amx_bf16``, else fp32.
+        lora: Train LoRA adapters (arXiv 2106.09685) instead of all weights; the
+            reference policy is then the base model with adapters disabled, so no copy
+            is needed.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator (scale = ``lora_alpha / lora_r``).
+        lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
+        lora_target_modules: Module names that get adapters (all attention and MLP
+            projections of Llama/Qwen-style models by default).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    kl_kind: KLKind = "low_var_kl"
+    entropy_coef: float = 0.001
+    entropy_target: float = 0.0
+    entropy_target_positions: str = "all"
+    entropy_coef_step: float = 0.01
+    entropy_coef_max: float = 10.0
+    max_grad_norm: float = 1.0
+    mini_batch_size: int = 64
+    micro_batch_tokens: int = 4096
+    ppo_epochs: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    temperature: float = 1.0
+    dtype: DType = "auto"
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        positive = ("lr", "adam_eps", "clip_eps", "temperature")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"LearnerConfig.{name} must be > 0, got {getattr(self, name)}")
+        non_negative = (
+            "weight_decay",
+            "kl_coef",
+            "entropy_coef",
+            "entropy_target",
+            "entropy_coef_step",
+            "entropy_coef_max",
+            "max_grad_norm",
+            "lora_dropout",
+        )
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"LearnerConfig.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("mini_batch_size", "micro_batch_tokens", "ppo_epochs", "lora_r", "lora_alpha"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LearnerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(
+                f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
+            )
+        if self.entropy_target_positions not in ("all", "free"):
+            raise ValueError(
+                "LearnerConfig.entropy_target_positions must be 'all' or 'free', got "
+                f"{self.entropy_target_positions!r}"
+            )
+        if self.kl_kind not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
+            raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"LearnerConfig.betas must be two values in [0, 1), got {self.betas}")
+        if self.lora and not self.lora_target_modules:
+            raise ValueError(
+                "LearnerConfig.lora_target_modules is empty; name the modules to adapt"
+            )
