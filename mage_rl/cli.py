@@ -362,7 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_oracle)
 
     p = sub.add_parser("opponents", help="list opponent specs and population presets")
-    p.add_argument("game", nargs="?", default=None, help="an environment name or alias, e.g. kuhn, ttt, leduc (default: all)")
+    p.add_argument(
+        "game",
+        nargs="?",
+        default=None,
+        help="an environment name or alias, e.g. kuhn, ttt, leduc (default: all)",
+    )
     p.set_defaults(func=_cmd_opponents)
 
     p = sub.add_parser(

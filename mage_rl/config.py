@@ -81,6 +81,12 @@ class MetaEpisodeConfig(_Strict):
         "tag, react reasons in a Thought line before the tag; a plugin's agent "
         "(register_agent) plays its own graph inside the meta-episode.",
     )
+    layout: Literal["rerendered", "conversation"] = Field(
+        "rerendered",
+        description="Prompt layout (SPEC §2): rerendered (every call a fresh prompt; the "
+        "paper's) or conversation (the meta-episode is one chat of token ids, trained as one "
+        "sequence: far fewer learner tokens; local engine only).",
+    )
     prompt: Literal["standard", "compact"] = Field(
         "standard",
         description="Play-prompt template: standard (full rules, for instruction-tuned "

@@ -186,6 +186,10 @@ class MetaEpisodeRecord:
         turns: Every LLM call, in time order.
         reflections: Reflection texts written between episodes.
         agent: Name of the agent (graph) that produced it.
+        conversation: In the conversation layout, the meta-episode's chat as
+            ``{"ids": [...], "segments": [[start, end, turn_index], ...]}`` (see
+            :class:`~mage_rl.rl.conversation.ConversationTrace`): the learner trains it as
+            one sequence. ``None`` in the re-rendered layout.
     """
 
     uid: str
@@ -198,6 +202,7 @@ class MetaEpisodeRecord:
     turns: list[Turn] = field(default_factory=list)
     reflections: list[str] = field(default_factory=list)
     agent: str = "mage"
+    conversation: dict[str, Any] | None = None
 
     @property
     def episode_rewards(self) -> list[float]:

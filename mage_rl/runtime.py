@@ -30,6 +30,7 @@ def graph_options(cfg: RunConfig) -> GraphOptions:
         reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
         prompt=cfg.meta.prompt,
         constrain_actions=cfg.policy.constrain_actions,
+        layout=cfg.meta.layout,
     )
 
 
@@ -140,3 +141,61 @@ def run_rollouts(
             on_done=on_done,
         )
     )
+
+
+def check_conversation_budget(cfg: RunConfig, tokenizer: Any, context_window: int) -> int:
+    """Refuse a conversation-layout config whose meta-episode could outgrow the context.
+
+    The bound (:func:`~mage_rl.policy.conversation.conversation_token_bound`) takes K,
+    the turns per episode and the response limits from the config, and measures the
+    prompt pieces on the task itself: the first play prompt, and the fragments before a
+    play and a reflect call, each doubled (observations and feedback vary in length).
+
+    Returns:
+        The bound in tokens (0 in the re-rendered layout, which is not checked here).
+
+    Raises:
+        ValueError: The bound exceeds ``context_window``; the message says how to fix it.
+    """
+    if cfg.meta.layout != "conversation":
+        return 0
+    from mage_rl.envs import make_env, resolve_seat
+    from mage_rl.nodes.conversation import reflect_message, step_message
+    from mage_rl.nodes.core import play_prompt
+    from mage_rl.nodes.state import MetaEpisodeContext
+    from mage_rl.policy.conversation import (
+        ConversationTemplate,
+        check_conversation_fits,
+        conversation_token_bound,
+    )
+
+    options = graph_options(cfg)
+    opponent = population(cfg).specs[0]
+    env = make_env(cfg.env.name, opponent, seat=resolve_seat(cfg.env.seat, 0),
+                   max_turns=cfg.env.max_turns)  # fmt: skip
+    obs = env.reset(0)
+    state: dict[str, Any] = {
+        "episode": 1, "step": 1, "observation": obs, "initial_observation": obs,
+        "moves": [], "memory": [], "history": [{"index": 0, "initial_observation": obs,
+        "moves": [], "feedback": "x " * 60, "outcome": "lost", "brief": ""}],
+        "invalid_reason": "x " * 30,
+    }  # fmt: skip
+    ctx = MetaEpisodeContext(env=env, llm=None, options=options)  # type: ignore[arg-type]
+    template = ConversationTemplate(tokenizer)
+    conv = template.start(play_prompt(state, ctx))
+    first = len(conv.ids)
+    conv = template.append_response(conv, [tokenizer.eos_token_id or 0], "")
+    turn_end, step = template.message_ids(conv, [step_message(state, ctx)])
+    _, reflect = template.message_ids(conv, [reflect_message(state, ctx)])
+    bound = conversation_token_bound(
+        episodes=options.num_episodes,
+        max_turns=env.max_turns,
+        max_play_tokens=options.max_tokens,
+        max_reflect_tokens=options.reflect_max_tokens if options.reflects else 0,
+        first_prompt_tokens=first,
+        message_tokens=2 * len(step),
+        reflect_message_tokens=2 * len(reflect) if options.reflects else 0,
+        turn_end_tokens=len(turn_end) + 1,
+    )
+    check_conversation_fits(bound, context_window)
+    return bound

@@ -60,6 +60,8 @@ def test_custom_opponents_in_oracle_eval_and_config(tmp_path: Path, capsys) -> N
                  "bluffers", "--n", "2", "--max-tokens", "8", "--out", str(out),
                  "--no-progress"]) == 0  # fmt: skip
     config = tmp_path / "bluffers.yaml"
-    config.write_text(f"plugins: [{plugin}]\nenv: {{population: bluffers}}\npolicy: {{model: tiny}}\n")
+    config.write_text(
+        f"plugins: [{plugin}]\nenv: {{population: bluffers}}\npolicy: {{model: tiny}}\n"
+    )
     cfg = load_config(config, cls=TrainConfig)
     assert cfg.env.population == "bluffers"

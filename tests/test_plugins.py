@@ -141,7 +141,9 @@ def test_plugin_trains_evaluates_and_reaches_the_oracle(plugin_dir: Path, capsys
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics if "charts/success@1" in m] == [1, 2]
     assert (run_dir / "checkpoints" / "iter_000002" / "model" / "config.json").exists()
-    records = [json.loads(x) for x in (run_dir / "eval" / "iter_000002.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(x) for x in (run_dir / "eval" / "iter_000002.jsonl").read_text().splitlines()
+    ]
     nodes = {t["node"] for r in records for t in r["turns"]}
     assert {"think", "answer"} <= nodes
 

@@ -144,12 +144,37 @@ class MetaEpisodeGraph:
             context=context,
             config={"recursion_limit": limit, "callbacks": [tracer]},
         )
-        state["turns"] = [turn.to_dict() for turn in tracer.turns]
+        turns = tracer.turns
+        state["turns"] = [turn.to_dict() for turn in turns]
+        if state.get("conversation"):
+            state["conversation_trace"] = conversation_trace(state["conversation"], len(turns))
         return state
 
     def mermaid(self) -> str:
         """The graph's topology as Mermaid text (pinned by a snapshot test)."""
         return self.compiled.get_graph().draw_mermaid()
+
+
+def conversation_trace(conversation: dict[str, Any], calls: int) -> dict[str, Any]:
+    """The record's form of a finished conversation: its ids and one ``[start, end, turn]``
+    segment per call (every traced call of the meta-episode is a call of the chat).
+
+    Raises:
+        ValueError: The conversation has not one response per traced call (a node made
+            calls outside the conversation, which the layout cannot train as one sequence).
+    """
+    segments = conversation["segments"]
+    if len(segments) != calls:
+        raise ValueError(
+            f"the conversation holds {len(segments)} responses but the meta-episode made "
+            f"{calls} traced calls; in the conversation layout every call of the run's "
+            "chat model must go through the conversation (use the built-in play and "
+            "reflect nodes, or the re-rendered layout)"
+        )
+    return {
+        "ids": list(conversation["ids"]),
+        "segments": [[int(s), int(e), j] for j, (s, e) in enumerate(segments)],
+    }
 
 
 def build_meta_episode_graph(
@@ -189,6 +214,11 @@ def build_meta_episode_graph(
     if policy is not None:
         if nodes and "play" in nodes:
             raise ValueError("give either policy= or nodes={'play': ...}, not both")
+        if options.layout == "conversation":
+            raise ValueError(
+                "a policy graph renders its own prompts, so it cannot play in the "
+                "conversation layout; use layout='rerendered'"
+            )
         impl["play"] = policy_node(policy)
     if not options.reflects:
         if (nodes and "reflect" in nodes) or (before and "reflect" in before):

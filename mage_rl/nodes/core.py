@@ -16,6 +16,7 @@ from langgraph.runtime import Runtime
 
 from mage_rl.envs.base import episode_seed
 from mage_rl.envs.parsing import extract_remark
+from mage_rl.nodes.conversation import conversation_call, reflect_message, step_message
 from mage_rl.nodes.prompts import (
     Message,
     PastEpisode,
@@ -124,6 +125,12 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     choices = None
     if opts.constrain_actions:
         choices = [f"<action>{a}</action>" for a in ctx.env.legal_actions()]
+    if opts.layout == "conversation":
+        reply, conversation = await conversation_call(
+            state, ctx, play_prompt(state, ctx), step_message(state, ctx),
+            opts.max_tokens, "</action>", choices,
+        )  # fmt: skip
+        return {"action": message_text(reply), "conversation": conversation}
     reply = await call_llm(ctx, play_prompt(state, ctx), opts.max_tokens, "</action>", choices)
     return {"action": message_text(reply)}
 
@@ -189,11 +196,19 @@ async def reflect(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext])
         num_episodes=ctx.options.num_episodes,
         memory=state.get("memory", []),
     )
-    reply = await call_llm(ctx, messages, ctx.options.reflect_max_tokens, "</remark>")
+    update: dict[str, Any] = {}
+    if ctx.options.layout == "conversation":
+        reply, update["conversation"] = await conversation_call(
+            state, ctx, messages, reflect_message(state, ctx),
+            ctx.options.reflect_max_tokens, "</remark>",
+        )  # fmt: skip
+    else:
+        reply = await call_llm(ctx, messages, ctx.options.reflect_max_tokens, "</remark>")
     remark = extract_remark(message_text(reply))
     if remark is None:
         # A reflection without its tag is an invalid output (SPEC §3): penalised, and
         # nothing enters the memory.
         ctx.tracer.mark(reply, invalid=True, invalid_reason="no <remark>...</remark> tag found")
-        return {}
-    return {"memory": [remark]} if remark else {}
+    elif remark:
+        update["memory"] = [remark]
+    return update

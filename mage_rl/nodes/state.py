@@ -23,6 +23,7 @@ from mage_rl.nodes.tracing import Tracer
 
 CONTEXT_MODES = ("reflection", "history", "history+reflection", "none")
 PROMPT_TEMPLATES = ("standard", "compact")
+LAYOUTS = ("rerendered", "conversation")
 MAX_EPISODES = 10
 
 
@@ -39,6 +40,9 @@ class MetaEpisodeState(TypedDict, total=False):
         action: The response the environment consumes at the next ``env_step`` (the
             text ``play``, or the policy graph standing in its place, produced).
         invalid_steps: Invalid answers in the current episode so far.
+        conversation: The conversation layout's chat as token ids
+            (:class:`~mage_rl.policy.conversation.Conversation` as a dict); absent in the
+            re-rendered layout.
         episode_done: The current episode has ended.
         meta_done: The meta-episode has ended.
         memory: Reflections, appended by ``reflect`` (the state channel of SPEC §2).
@@ -56,6 +60,7 @@ class MetaEpisodeState(TypedDict, total=False):
     invalid_reason: str
     action: str
     invalid_steps: int
+    conversation: dict[str, Any] | None
     episode_done: bool
     meta_done: bool
     memory: Annotated[list[str], operator.add]
@@ -82,6 +87,9 @@ class GraphOptions:
         constrain_actions: Constrained decoding on play turns: the response is one of
             ``<action>A</action>`` for the environment's legal actions ``A``, sampled from
             the restricted distribution (the chat model must accept ``choices``).
+        layout: ``rerendered`` (every call gets a fresh prompt; the paper's) or
+            ``conversation`` (the meta-episode is one growing chat of token ids, SPEC §2;
+            needs a chat model over the local engine; see :mod:`mage_rl.nodes.conversation`).
     """
 
     num_episodes: int = 3
@@ -93,6 +101,7 @@ class GraphOptions:
     reflect_max_tokens: int = 160
     prompt: str = "standard"
     constrain_actions: bool = False
+    layout: str = "rerendered"
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_episodes <= MAX_EPISODES:
@@ -112,6 +121,8 @@ class GraphOptions:
             raise ValueError(
                 f"unknown prompt template {self.prompt!r}; valid: {', '.join(PROMPT_TEMPLATES)}"
             )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; valid: {', '.join(LAYOUTS)}")
         if self.constrain_actions and self.react:
             raise ValueError(
                 "constrain_actions restricts the answer to the action tag, so the ReAct "

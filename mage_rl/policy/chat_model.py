@@ -47,7 +47,9 @@ class PolicyChatModel(BaseChatModel):
     The sampling fields are defaults; ``temperature``, ``top_p``, ``top_k``,
     ``max_tokens``, ``stop`` and ``seed`` passed to ``invoke``/``ainvoke`` (or bound with
     ``.bind``) override them for one call. ``choices=[...]`` turns on constrained decoding
-    for one call (see :class:`~mage_rl.policy.base.SamplingParams`).
+    for one call (see :class:`~mage_rl.policy.base.SamplingParams`); ``prompt_ids=[...]``
+    samples from those exact ids instead of rendering the messages (a policy with
+    ``generate_from_ids``, such as the local engine).
 
     Example:
         >>> chat = PolicyChatModel(policy=engine, temperature=0.7, stop=["</action>"])
@@ -104,8 +106,20 @@ class PolicyChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        prompt_ids = kwargs.pop("prompt_ids", None)
         params = self.sampling_params(stop, **kwargs)
-        generation = await self.policy.generate(to_policy_messages(messages), params)
+        if prompt_ids is not None:
+            # Token-in: the caller holds the prompt as ids (the conversation layout); the
+            # messages are only what the ids say, for tracing.
+            from_ids = getattr(self.policy, "generate_from_ids", None)
+            if from_ids is None:
+                raise ValueError(
+                    f"{type(self.policy).__name__} cannot sample from prompt ids; the "
+                    "conversation layout needs the local engine"
+                )
+            generation = await from_ids([int(i) for i in prompt_ids], params)
+        else:
+            generation = await self.policy.generate(to_policy_messages(messages), params)
         return _chat_result(generation, getattr(self.policy, "name", ""))
 
     def _generate(

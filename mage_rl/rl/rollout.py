@@ -80,6 +80,7 @@ def record_from_state(
         turns=[Turn.from_dict(t) for t in state.get("turns", [])],
         reflections=list(state.get("memory", [])),
         agent=agent,
+        conversation=state.get("conversation_trace"),
     )
 
 

@@ -125,6 +125,9 @@ class Trainer:
             logger.info("resumed from %s (iteration %d)", checkpoint, self.start_iteration)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         self.graph = runtime.build_graph(cfg)
+        window = getattr(engine_model.config, "max_position_embeddings", None)
+        if window:
+            runtime.check_conversation_budget(cfg, self.tokenizer, int(window))
         self.train_llm = runtime.rollout_chat_model(cfg, self.engine)
         self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
         self.iteration = self.start_iteration

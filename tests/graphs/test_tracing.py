@@ -54,7 +54,9 @@ def planner_records(tiny):
     load_plugin(str(ROOT / "examples" / "extending" / "planner.py"))
     _, _, engine = tiny
     llm = PolicyChatModel(policy=engine, temperature=1.0, max_tokens=12)
-    graph = agent_graph("planner", GraphOptions(num_episodes=2, max_tokens=12, reflect_max_tokens=12))
+    graph = agent_graph(
+        "planner", GraphOptions(num_episodes=2, max_tokens=12, reflect_max_tokens=12)
+    )
     tasks = sample_tasks(Population.parse("kuhn_train"), 2, base_seed=11)
     return asyncio.run(
         collect_rollouts(graph, llm, env_name="kuhn_poker", tasks=tasks, group_size=2, max_turns=3)
