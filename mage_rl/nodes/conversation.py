@@ -27,7 +27,7 @@ from mage_rl.nodes.prompts import Message
 from mage_rl.nodes.state import MetaEpisodeContext, MetaEpisodeState
 from mage_rl.policy.conversation import Conversation, ConversationTemplate
 
-_TEMPLATES: dict[int, ConversationTemplate] = {}
+_TEMPLATES: dict[int, tuple[Any, ConversationTemplate]] = {}
 
 
 def template_of(ctx: MetaEpisodeContext) -> ConversationTemplate:
@@ -44,10 +44,13 @@ def template_of(ctx: MetaEpisodeContext) -> ConversationTemplate:
             "the local engine (PolicyChatModel(policy=LocalEngine)); use the re-rendered "
             "layout (meta.layout: rerendered) with this model"
         )
-    key = id(tokenizer)
-    if key not in _TEMPLATES:
-        _TEMPLATES[key] = ConversationTemplate(tokenizer)
-    return _TEMPLATES[key]
+    # Keyed by id, with the tokenizer kept beside its template: an id can be reused once
+    # a tokenizer is gone, and the identity check then builds a fresh template.
+    entry = _TEMPLATES.get(id(tokenizer))
+    if entry is None or entry[0] is not tokenizer:
+        entry = (tokenizer, ConversationTemplate(tokenizer))
+        _TEMPLATES[id(tokenizer)] = entry
+    return entry[1]
 
 
 def _observation(state: MetaEpisodeState, ctx: MetaEpisodeContext) -> str:
