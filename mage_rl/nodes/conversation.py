@@ -70,7 +70,8 @@ def step_message(state: MetaEpisodeState, ctx: MetaEpisodeContext) -> Message:
     """The user message before a play call that is not the meta-episode's first."""
     parts = []
     if state.get("step", 0) == 0:
-        if not ctx.options.reflects:  # no reflect request told the outcome
+        # The meta-episode's very first call starts the chat instead (no history yet).
+        if not ctx.options.reflects and state.get("history"):  # no reflect request told it
             parts.append(_ended(state, ctx))
         parts.append(f"Episode {state['episode'] + 1} of {ctx.options.num_episodes} starts.")
     elif state.get("invalid_reason"):

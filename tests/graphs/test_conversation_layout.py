@@ -67,6 +67,23 @@ def test_the_learner_trains_each_meta_episode_as_one_sequence(records) -> None:
     assert stats["loss"] == stats["loss"]
 
 
+@pytest.mark.parametrize("context", ["history", "none"])
+def test_contexts_without_reflections_tell_each_outcome_in_the_chat(context: str) -> None:
+    model, tokenizer = build_tiny(seed=0)
+    with LocalEngine(model, tokenizer, max_batch_size=8) as engine:
+        llm = PolicyChatModel(policy=engine, temperature=1.0, max_tokens=12)
+        options = GraphOptions(num_episodes=2, stop_on_success=False, max_tokens=12,
+                               layout="conversation", context=context,
+                               constrain_actions=True, prompt="compact")  # fmt: skip
+        tasks = sample_tasks(Population.parse("kuhn_train"), 1, base_seed=3)
+        out = asyncio.run(collect_rollouts(mage_graph(options), llm, env_name="kuhn_poker",
+                                           tasks=tasks, group_size=1, max_turns=3))  # fmt: skip
+    (record,) = out
+    assert {t.kind for t in record.turns} == {"play"}
+    text = tokenizer.decode(record.conversation["ids"])
+    assert "Episode 1 of 2 is over:" in text and "Episode 2 of 2 starts." in text
+
+
 def test_the_layout_refuses_what_it_cannot_do() -> None:
     options = GraphOptions(num_episodes=1, layout="conversation")
     with pytest.raises(ValueError, match="policy graph renders its own prompts"):
