@@ -390,6 +390,19 @@ class EvalSection(_Strict):
     )
     top_p: float = Field(EVAL_TOP_P, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
     top_k: int = Field(EVAL_TOP_K, ge=0, description="Evaluation top-k (SPEC §6: 20).")
+    before: bool = Field(
+        False, description="Also evaluate the untrained policy before iteration 1 (label "
+        "`untrained`), on the same tasks."
+    )
+    baselines: list[str] = Field(
+        default_factory=list,
+        description="Agents (react, reflexion or a registered one) evaluated on the base "
+        "model before iteration 1, on the same tasks and settings.",
+    )
+    stratify: bool = Field(
+        False, description="Stratified tasks: every opponent, seat and deal of the last "
+        "episode alike (two-player card games; narrows the ev@k intervals).",
+    )
 
 
 class TrainSection(_Strict):
@@ -480,4 +493,19 @@ class TrainConfig(RunConfig):
             raise ValueError(
                 "rollout.group_size=1 leaves GiGPO no group baseline; use group_size >= 2"
             )
+        if self.eval.stratify and self.meta.stop_on_success:
+            raise ValueError(
+                "eval.stratify weighs the last episode of every task, but "
+                "meta.stop_on_success: true ends meta-episodes before it; set "
+                "meta.stop_on_success: false"
+            )
+        if self.eval.baselines:
+            from mage_rl.graphs import AGENT_GRAPHS
+
+            for name in self.eval.baselines:
+                AGENT_GRAPHS.get(name)  # an unknown name lists the registered agents
+            if len(set(self.eval.baselines)) != len(self.eval.baselines):
+                raise ValueError(f"eval.baselines repeats an agent: {self.eval.baselines}")
+            if "untrained" in self.eval.baselines:
+                raise ValueError("eval.baselines: 'untrained' is eval.before: true")
         return self

@@ -36,7 +36,6 @@ from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
-from mage_rl.rl.rollout import write_jsonl
 from mage_rl.rl.run_folder import (
     STATE_FILE,
     check_resume_config,
@@ -47,6 +46,7 @@ from mage_rl.rl.run_folder import (
     start_checkpoint,
     write_run_config,
 )
+from mage_rl.rl.train_eval import eval_tasks, evaluate_baselines, summarize_eval, write_eval
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class Trainer:
         self.train_llm = runtime.rollout_chat_model(cfg, self.engine)
         self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
         self.iteration = self.start_iteration
+        self._eval_design: tuple[list[Any], Any] | None = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         clear_retired(self.run_dir / "checkpoints")
         write_run_config(self.run_dir, cfg.model_dump(mode="json"))
@@ -160,13 +161,18 @@ class Trainer:
         """success@k and ev@k on the fixed evaluation seeds (one rollout per task)."""
         from mage_rl import runtime
 
-        tasks = runtime.tasks_for(self.cfg, self.cfg.eval.tasks, self.cfg.eval.seed)
+        tasks, design = self.eval_design
         records = runtime.run_rollouts(self.cfg, self.graph, self.eval_llm, tasks, 1)
-        summary = summarize_records(records, self.cfg.meta.episodes)
-        out = self.run_dir / "eval" / f"{checkpoint_name(iteration)}.json"
-        atomic_write_json(out, summary)
-        write_jsonl(records, out.with_suffix(".jsonl"))
+        summary = summarize_eval(records, self.cfg, design)
+        write_eval(self.run_dir, checkpoint_name(iteration), summary, records)
         return summary
+
+    @property
+    def eval_design(self) -> tuple[list[Any], Any]:
+        """The evaluation tasks (the same for every evaluation of the run), built once."""
+        if self._eval_design is None:
+            self._eval_design = eval_tasks(self.cfg)
+        return self._eval_design
 
     def save(self, iteration: int) -> Path:
         path = self.run_dir / "checkpoints" / checkpoint_name(iteration)
@@ -203,6 +209,9 @@ class Trainer:
                     "iterations", total=total, completed=self.start_iteration, info=""
                 )
                 ep_bar = progress.add_task("meta-episodes", total=per_iter, info="")
+                if self.start_iteration == 0 and cfg.eval.tasks:
+                    progress.update(it_bar, info="evaluating the untrained model")
+                    evaluate_baselines(self)
                 for iteration in range(self.start_iteration, total):
                     progress.reset(ep_bar, total=per_iter)
                     t0 = time.perf_counter()
@@ -243,14 +252,18 @@ class Trainer:
             self.metrics.close()
             self.engine.close()
         checkpoint = latest_checkpoint(self.run_dir)
+        written = {}
+        if last_eval is not None:
+            from mage_rl.rl.train_report import write_training_report
+
+            written = write_training_report(self.run_dir, cfg, self.iteration)
         return {
             "run_dir": str(self.run_dir),
             "checkpoint": str(checkpoint / "model") if checkpoint else None,
             "metrics": str(self.run_dir / "metrics.jsonl"),
             "tensorboard": str(self.run_dir / "tb"),
-            "report": str(self.run_dir / "eval" / f"{checkpoint_name(self.iteration)}.json")
-            if last_eval
-            else None,
+            "report": written.get("report"),
+            "plot": written.get("plot"),
             "eval": last_eval,
         }
 

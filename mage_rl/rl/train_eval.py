@@ -1,0 +1,128 @@
+"""Evaluation during training: the fixed tasks, the untrained baselines, the summaries.
+
+A training run evaluates on tasks it never trains on (``eval.seed``):
+
+- ``eval.before``: the run's own graph with the untrained weights, before iteration 1;
+- ``eval.baselines``: other agents (``react``, ``reflexion``, any registered one) on the
+  same base model, tasks and sampling settings, also before iteration 1;
+- every ``eval.every`` iterations and after the last one: the trained policy.
+
+All of them meet exactly the same task instances, so the differences are the agents'.
+With ``eval.stratify`` the tasks are a stratified design over opponent, seat and last
+deal (:mod:`mage_rl.eval.stratified`), which narrows the ev@k intervals of card games.
+Each evaluation is written to ``eval/LABEL.json`` (summary) and ``eval/LABEL.jsonl``
+(meta-episodes); :mod:`mage_rl.rl.train_report` turns them into the run's report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mage_rl.eval.metrics import summarize_records, summarize_with_intervals
+from mage_rl.eval.stratified import StratifiedDesign, stratified_ev, stratified_tasks
+from mage_rl.fileio import atomic_write_json
+from mage_rl.records import MetaEpisodeRecord
+from mage_rl.rl.rollout import TaskInstance
+
+UNTRAINED = "untrained"
+"""The label of the run's own graph evaluated with the untrained weights."""
+
+
+def strata_count(cfg: Any) -> int:
+    """How many strata a stratified evaluation of ``cfg`` has (opponent x seat x deal)."""
+    from mage_rl import runtime
+    from mage_rl.envs import make_env
+    from mage_rl.eval.stratified import _all_first_deals
+
+    population = runtime.population(cfg)
+    env = make_env(cfg.env.name, population.specs[0], seat=0)
+    seats = 2 if cfg.env.seat == "sampled" else 1
+    return len(population.specs) * seats * len(_all_first_deals(env.game, 0))
+
+
+def eval_tasks(cfg: Any) -> tuple[list[TaskInstance], StratifiedDesign | None]:
+    """The evaluation tasks of a run, and the stratified design when ``eval.stratify``.
+
+    A stratified design plays ``ceil(eval.tasks / strata)`` tasks (at least 2) in every
+    stratum, so its size is ``eval.tasks`` rounded up to a multiple of the strata.
+    """
+    from mage_rl import runtime
+
+    if not cfg.eval.stratify:
+        return runtime.tasks_for(cfg, cfg.eval.tasks, cfg.eval.seed), None
+    per_stratum = max(2, math.ceil(cfg.eval.tasks / strata_count(cfg)))
+    design = stratified_tasks(
+        cfg.env.name,
+        runtime.population(cfg),
+        cfg.env.seat,
+        per_stratum=per_stratum,
+        num_episodes=cfg.meta.episodes,
+        protocol=cfg.env.protocol,
+        base_seed=cfg.eval.seed,
+    )
+    return design.tasks, design
+
+
+def summarize_eval(
+    records: list[MetaEpisodeRecord], cfg: Any, design: StratifiedDesign | None
+) -> dict[str, Any]:
+    """The summary written for one evaluation.
+
+    The top level is :func:`~mage_rl.eval.metrics.summarize_records` (plain rates and
+    means, what ``metrics.jsonl`` logs); ``intervals`` holds the same metrics with 95 %
+    intervals, and ``stratified`` the stratified ev@k when the design is stratified.
+    """
+    k = cfg.meta.episodes
+    summary = summarize_records(records, k)
+    summary["intervals"] = summarize_with_intervals(records, k)
+    if design is not None:
+        summary["stratified"] = stratified_ev(records, design, k)
+    return summary
+
+
+def write_eval(run_dir: Path, label: str, summary: dict[str, Any], records: list) -> Path:
+    """Write ``eval/LABEL.json`` and ``eval/LABEL.jsonl``; returns the summary's path."""
+    from mage_rl.rl.rollout import write_jsonl
+
+    out = run_dir / "eval" / f"{label}.json"
+    atomic_write_json(out, summary)
+    write_jsonl(records, out.with_suffix(".jsonl"))
+    return out
+
+
+def baseline_labels(cfg: Any) -> list[str]:
+    """The labels of the evaluations made before training, in report order."""
+    return ([UNTRAINED] if cfg.eval.before else []) + list(cfg.eval.baselines)
+
+
+def evaluate_baselines(trainer: Any) -> list[Path]:
+    """Evaluate the untrained graph and the baseline agents, unless done already.
+
+    Runs with the engine's weights as they are, so it must be called before the first
+    update. A run that is resumed keeps the files it wrote the first time.
+    """
+    from mage_rl import runtime
+    from mage_rl.graphs import agent_graph
+
+    cfg = trainer.cfg
+    paths = []
+    for label in baseline_labels(cfg):
+        path = trainer.run_dir / "eval" / f"{label}.json"
+        paths.append(path)
+        if path.exists():
+            continue
+        options = runtime.graph_options(cfg)
+        if label == "react" and options.constrain_actions:
+            # ReAct writes a Thought line before its action, which a choice among the
+            # action tags cannot hold: it answers freely, as it was designed to.
+            options = replace(options, constrain_actions=False)
+        graph = trainer.graph if label == UNTRAINED else agent_graph(label, options)
+        tasks, design = trainer.eval_design
+        records = runtime.run_rollouts(cfg, graph, trainer.eval_llm, tasks, 1)
+        summary = summarize_eval(records, cfg, design)
+        summary["constrain_actions"] = options.constrain_actions
+        write_eval(trainer.run_dir, label, summary, records)
+    return paths

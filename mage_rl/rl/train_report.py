@@ -1,0 +1,232 @@
+"""The report of a training run: what it learned, against its untrained self and the oracle.
+
+``mage train`` writes it after the final evaluation, from the files the run already has:
+
+- ``eval/untrained.json`` and ``eval/BASELINE.json`` (:mod:`mage_rl.rl.train_eval`), and
+  the final ``eval/iter_NNNNNN.json``: one row each, on the same tasks;
+- ``metrics.jsonl``: the training batches' ev@K (or success@K) per iteration;
+- the exact oracle values of Kuhn Poker for the run's population (SPEC §9): the best
+  fixed strategy per seat and the Bayes value of the last hand after K-1 hands.
+
+It writes ``report.md`` (tables, the verdict on the last episode, provenance) and
+``learning_curve.png`` into the run folder, and ``report.json`` with the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mage_rl.fileio import atomic_write_text
+from mage_rl.provenance import write_results
+from mage_rl.rl.train_eval import UNTRAINED, baseline_labels
+
+SEATS = ("first", "second")
+
+
+def _fmt(est: dict[str, Any] | None) -> str:
+    if not est or est.get("mean") is None:
+        return "–"
+    if est.get("low") is None:
+        return f"{est['mean']:+.3f}"
+    return f"{est['mean']:+.3f} [{est['low']:+.3f}, {est['high']:+.3f}]"
+
+
+def _rate(est: dict[str, Any]) -> str:
+    return f"{est['mean']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
+
+
+def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
+    """Best fixed, ceiling and Bayes last-hand values per seat (Kuhn Poker only)."""
+    if cfg.env.name != "kuhn_poker":
+        return None
+    from mage_rl import runtime
+    from mage_rl.eval.bayes import bayes_last_hand
+    from mage_rl.eval.oracles import kuhn_oracle
+
+    population = runtime.population(cfg)
+    oracle = kuhn_oracle(population)
+    out = {}
+    for index, seat in enumerate(oracle.seats):
+        values = {"best_fixed": seat.best_fixed, "ceiling": seat.ceiling}
+        if cfg.env.protocol == "fresh" and cfg.meta.episodes >= 2:
+            try:
+                bayes = bayes_last_hand(population, index, (cfg.meta.episodes,))
+                values["bayes_last_hand"] = bayes["adaptive"][cfg.meta.episodes]
+            except ValueError:  # a stochastic opponent: no exact enumeration
+                pass
+        out[seat.seat] = values
+    return out
+
+
+def _last_ev(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
+    """The last episode's ev with its interval: stratified when the design is."""
+    strat = summary.get("stratified")
+    block = strat if seat is None else (strat or {}).get("by_seat", {}).get(seat)
+    if strat is not None:
+        return block["ev@k"][-1] if block else None
+    plain = summary["intervals"] if seat is None else summary["intervals"]["by_seat"].get(seat)
+    return plain["ev@k"][-1] if plain and "ev@k" in plain else None
+
+
+def _rows(run_dir: Path, cfg: Any, final: str) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    for label in [*baseline_labels(cfg), final]:
+        path = run_dir / "eval" / f"{label}.json"
+        if path.exists():
+            name = f"trained ({label})" if label == final else label
+            rows.append((name, json.loads(path.read_text())))
+    return rows
+
+
+def _verdict(rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, k: int) -> list[str]:
+    named = dict(rows)
+    before = named.get(UNTRAINED)
+    after = next((s for n, s in rows if n.startswith("trained")), None)
+    if before is None or after is None:
+        return []
+    lines = []
+    for seat in (None, *SEATS):
+        b, a = _last_ev(before, seat), _last_ev(after, seat)
+        if not a or not b or a.get("low") is None or b.get("high") is None:
+            continue
+        where = "all seats" if seat is None else f"{seat} seat"
+        if a["low"] > b["high"]:
+            word = "above the untrained model, 95 % intervals apart"
+        elif a["mean"] > b["mean"]:
+            word = "above the untrained model, but the 95 % intervals overlap"
+        else:
+            word = "not above the untrained model"
+        target = ""
+        if oracle and seat is not None:
+            best = oracle[seat]["best_fixed"]
+            reach = "reaches" if a["mean"] >= best else "is below"
+            target = f"; it {reach} the best fixed strategy ({best:+.4f})"
+        lines.append(f"- ev@{k}, {where}: trained {_fmt(a)}, untrained {_fmt(b)}: {word}{target}.")
+    return lines
+
+
+def _curve(run_dir: Path, k: int) -> tuple[list[int], list[float], str]:
+    """The training batches' ev@K per iteration (success@K for games without chips)."""
+    its, values, name = [], [], ""
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        row = json.loads(line)
+        name = name or (f"ev@{k}" if f"charts/ev@{k}" in row else f"success@{k}")
+        if f"charts/{name}" in row:
+            its.append(int(row["iteration"]))
+            values.append(float(row[f"charts/{name}"]))
+    return its, values, name or f"ev@{k}"
+
+
+def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
+    from matplotlib.figure import Figure
+
+    its, values, metric = _curve(run_dir, k)
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot(1, 1, 1)
+    if values:
+        window = max(1, min(5, len(values)))
+        smooth = [
+            sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+            for i in range(len(values))
+        ]
+        ax.plot(its, values, color="0.75", lw=1, label=f"training batches, {metric}")
+        ax.plot(its, smooth, color="C0", lw=2, label=f"moving mean of {window}")
+    for i, (name, summary) in enumerate(rows):
+        est = _last_ev(summary, None)
+        if not est or est.get("mean") is None:
+            continue
+        x = final_iteration if name.startswith("trained") else 0
+        x += 0.15 * (i - (len(rows) - 1) / 2) * max(1, final_iteration) / 10
+        err = None
+        if est.get("low") is not None:
+            err = [[est["mean"] - est["low"]], [est["high"] - est["mean"]]]
+        ax.errorbar([x], [est["mean"]], yerr=err, fmt="o", capsize=4, color=f"C{i + 1}",
+                    label=f"eval: {name}")  # fmt: skip
+    if oracle:
+        for seat, style in zip(SEATS, ("--", ":"), strict=True):
+            ax.axhline(oracle[seat]["best_fixed"], color="k", ls=style, lw=1,
+                       label=f"best fixed, {seat} seat")  # fmt: skip
+            if "bayes_last_hand" in oracle[seat]:
+                ax.axhline(oracle[seat]["bayes_last_hand"], color="C3", ls=style, lw=1,
+                           label=f"Bayes last hand, {seat} seat")  # fmt: skip
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(metric if metric.startswith("success") else f"chips in episode {k} ({metric})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out = run_dir / "learning_curve.png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict[str, str]:
+    """Write ``report.md``, ``report.json`` and ``learning_curve.png``; returns their paths."""
+    from mage_rl.rl.run_folder import checkpoint_name
+
+    k = cfg.meta.episodes
+    final = checkpoint_name(final_iteration)
+    rows = _rows(run_dir, cfg, final)
+    oracle = oracle_values(cfg)
+    stratified = any("stratified" in s for _, s in rows)
+    lines = [f"# {cfg.env.name}: {cfg.meta.agent} after {final_iteration} iterations", ""]
+    n = rows[0][1]["n"] if rows else 0
+    lines += [
+        f"Evaluation: {n} meta-episodes per agent on the same tasks (seed {cfg.eval.seed}), "
+        f"K = {k}, temperature {cfg.eval.temperature}"
+        + (", stratified over opponent, seat and last deal" if stratified else "")
+        + ". Intervals are 95 %."
+        + (" A hand abandoned after invalid answers counts 0 chips in the stratified ev@k."
+           if stratified else " ev@k leaves out hands abandoned after invalid answers.")
+        + " invalid: the share of play answers without a legal action.",
+        "",
+        "| agent | " + " | ".join(f"success@{i}" for i in range(1, k + 1))
+        + " | " + " | ".join(f"ev@{i}" for i in range(1, k + 1)) + " | invalid |",
+        "| --- |" + " --- |" * (2 * k + 1),
+    ]  # fmt: skip
+    for name, summary in rows:
+        iv = summary["intervals"]
+        evs = (summary.get("stratified") or iv).get("ev@k", [None] * k)
+        lines.append(
+            f"| {name} | " + " | ".join(_rate(e) for e in iv["success@k"])
+            + " | " + " | ".join(_fmt(e) for e in evs)
+            + f" | {iv['turns']['invalid_share']:.2f} |"
+        )  # fmt: skip
+    if any("ev@k" in s["intervals"] for _, s in rows):
+        lines += ["", f"ev@{k} by seat:", "", "| agent | first seat | second seat |",
+                  "| --- | --- | --- |"]  # fmt: skip
+        for name, summary in rows:
+            cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if oracle:
+        lines += ["", "Exact values for this population (`mage oracle kuhn`), chips per hand:", ""]
+        for seat in SEATS:
+            v = oracle[seat]
+            bayes = (
+                f", Bayes last hand after {k - 1} hands {v['bayes_last_hand']:+.4f}"
+                if "bayes_last_hand" in v
+                else ""
+            )
+            lines.append(
+                f"- {seat} seat: best fixed {v['best_fixed']:+.4f}, ceiling {v['ceiling']:+.4f}"
+                f"{bayes}"
+            )
+    verdict = _verdict(rows, oracle, k)
+    if verdict:
+        lines += ["", "## Last episode, trained against untrained", "", *verdict]
+    plot = _plot(run_dir, rows, oracle, k, final_iteration)
+    doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict}
+    report_json = write_results(run_dir / "report.json", doc)
+    stamp = doc["provenance"]
+    lines += [
+        "",
+        f"![learning curve]({plot.name})",
+        "",
+        f"Written by `{stamp['command']}` at commit {stamp.get('commit', '?')}, "
+        f"{stamp['cpu_count']} CPUs ({stamp['cpu_model']}), torch threads "
+        f"{stamp.get('torch_threads', '?')}, {stamp['wall_seconds']} s.",
+    ]
+    report = atomic_write_text(run_dir / "report.md", "\n".join(lines) + "\n")
+    return {"report": str(report), "plot": str(plot), "report_json": str(report_json)}

@@ -1,0 +1,58 @@
+"""A training run's report: the untrained model and the baselines on the same tasks as the
+trained one, stratified ev@k, the oracle values, the verdict and the learning curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mage_rl.cli import main
+from mage_rl.config import TrainConfig, load_config
+
+CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
+SETTINGS = [
+    "env.population=kuhn:conservative", "env.seat=first", "env.protocol=fresh",
+    "meta.stop_on_success=false", "policy.constrain_actions=true", "train.iterations=1",
+    "eval.tasks=12", "eval.stratify=true", "meta.episodes=2", "policy.max_tokens=12", "eval.before=true", "eval.baselines=[react]",
+]  # fmt: skip
+
+
+def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    args = ["train", str(CONFIG), "--run-dir", str(run), "--no-progress"]
+    assert main([*args, *(x for s in SETTINGS for x in ("--set", s))]) == 0
+    out = "".join(capsys.readouterr().out.split())  # the console wraps long paths
+    assert f"report:{run / 'report.md'}" in out and f"plot:{run / 'learning_curve.png'}" in out
+    untrained = json.loads((run / "eval" / "untrained.json").read_text())
+    trained = json.loads((run / "eval" / "iter_000001.json").read_text())
+    react = json.loads((run / "eval" / "react.json").read_text())
+    # The same 6 deals x 2 tasks, every agent.
+    for summary in (untrained, trained, react):
+        assert summary["n"] == 12 and len(summary["stratified"]["ev@k"]) == 2
+    assert react["constrain_actions"] is False and untrained["constrain_actions"] is True
+    ids = [json.loads(line)["seed"] for line in (run / "eval" / "untrained.jsonl").open()]
+    assert ids == [json.loads(line)["seed"] for line in (run / "eval" / "react.jsonl").open()]
+    report = (run / "report.md").read_text()
+    for needle in (
+        "| untrained |",
+        "| react |",
+        "| trained (iter_000001) |",
+        "best fixed +0.1667",
+        "Bayes last hand",
+        "learning_curve.png",
+        "commit",
+    ):
+        assert needle in report, needle  # fmt: skip
+    assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads((run / "report.json").read_text())
+    assert doc["oracle"]["first"]["best_fixed"] == pytest.approx(1 / 6)
+    assert "provenance" in doc and doc["verdict"]
+
+
+def test_eval_settings_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="stop_on_success"):
+        load_config(CONFIG, ["eval.stratify=true"], TrainConfig)
+    with pytest.raises(ValueError, match="planner"):
+        load_config(CONFIG, ["eval.baselines=[planner]"], TrainConfig)
