@@ -285,6 +285,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         return 130
     evaluation = result.pop("eval") or {}
+    verdict = result.pop("verdict", [])
     if evaluation:
         k = cfg.meta.episodes
         line = ", ".join(f"success@{i + 1} {v:.3f}" for i, v in enumerate(evaluation["success@k"]))
@@ -293,6 +294,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 f"ev@{i + 1} {v:+.3f}" for i, v in enumerate(evaluation["ev@k"]) if v is not None
             )
         console.print(f"evaluation ({evaluation['n']} meta-episodes, K={k}): {line}")
+    for line in verdict:
+        console.print(line, markup=False)
     for key, value in result.items():
         console.print(f"{key}: {value}")
     return 0

@@ -98,11 +98,15 @@ def baseline_labels(cfg: Any) -> list[str]:
     return ([UNTRAINED] if cfg.eval.before else []) + list(cfg.eval.baselines)
 
 
-def evaluate_baselines(trainer: Any) -> list[Path]:
+def evaluate_baselines(trainer: Any, progress: Any = None) -> list[Path]:
     """Evaluate the untrained graph and the baseline agents, unless done already.
 
     Runs with the engine's weights as they are, so it must be called before the first
     update. A run that is resumed keeps the files it wrote the first time.
+
+    Args:
+        trainer: The :class:`~mage_rl.rl.trainer.Trainer`.
+        progress: ``fn(label) -> on_done`` for a progress display, or ``None``.
     """
     from mage_rl import runtime
     from mage_rl.graphs import agent_graph
@@ -121,7 +125,8 @@ def evaluate_baselines(trainer: Any) -> list[Path]:
             options = replace(options, constrain_actions=False)
         graph = trainer.graph if label == UNTRAINED else agent_graph(label, options)
         tasks, design = trainer.eval_design
-        records = runtime.run_rollouts(cfg, graph, trainer.eval_llm, tasks, 1)
+        on_done = progress(label) if progress else None
+        records = runtime.run_rollouts(cfg, graph, trainer.eval_llm, tasks, 1, on_done)
         summary = summarize_eval(records, cfg, design)
         summary["constrain_actions"] = options.constrain_actions
         write_eval(trainer.run_dir, label, summary, records)

@@ -163,7 +163,11 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
 
 
 def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict[str, str]:
-    """Write ``report.md``, ``report.json`` and ``learning_curve.png``; returns their paths."""
+    """Write ``report.md``, ``report.json`` and ``learning_curve.png``.
+
+    Returns:
+        The paths of the report and the plot, and the verdict lines on the last episode.
+    """
     from mage_rl.rl.run_folder import checkpoint_name
 
     k = cfg.meta.episodes
@@ -218,7 +222,7 @@ def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
     doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict}
-    report_json = write_results(run_dir / "report.json", doc)
+    write_results(run_dir / "report.json", doc)
     stamp = doc["provenance"]
     lines += [
         "",
@@ -229,4 +233,4 @@ def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict
         f"{stamp.get('torch_threads', '?')}, {stamp['wall_seconds']} s.",
     ]
     report = atomic_write_text(run_dir / "report.md", "\n".join(lines) + "\n")
-    return {"report": str(report), "plot": str(plot), "report_json": str(report_json)}
+    return {"report": str(report), "plot": str(plot), "verdict": verdict}

@@ -157,12 +157,12 @@ class Trainer:
         self.engine.update_weights(self.learner.state_dict_for_inference())
         return stats
 
-    def evaluate(self, iteration: int) -> dict[str, Any]:
+    def evaluate(self, iteration: int, on_done: Any = None) -> dict[str, Any]:
         """success@k and ev@k on the fixed evaluation seeds (one rollout per task)."""
         from mage_rl import runtime
 
         tasks, design = self.eval_design
-        records = runtime.run_rollouts(self.cfg, self.graph, self.eval_llm, tasks, 1)
+        records = runtime.run_rollouts(self.cfg, self.graph, self.eval_llm, tasks, 1, on_done)
         summary = summarize_eval(records, self.cfg, design)
         write_eval(self.run_dir, checkpoint_name(iteration), summary, records)
         return summary
@@ -209,11 +209,16 @@ class Trainer:
                     "iterations", total=total, completed=self.start_iteration, info=""
                 )
                 ep_bar = progress.add_task("meta-episodes", total=per_iter, info="")
+
+                def eval_bar(label: str) -> Any:
+                    total_tasks = len(self.eval_design[0])
+                    progress.reset(ep_bar, total=total_tasks, description=f"eval: {label}")
+                    return lambda _r: progress.advance(ep_bar)
+
                 if self.start_iteration == 0 and cfg.eval.tasks:
-                    progress.update(it_bar, info="evaluating the untrained model")
-                    evaluate_baselines(self)
+                    evaluate_baselines(self, eval_bar)
                 for iteration in range(self.start_iteration, total):
-                    progress.reset(ep_bar, total=per_iter)
+                    progress.reset(ep_bar, total=per_iter, description="meta-episodes")
                     t0 = time.perf_counter()
                     records = self.rollout(iteration, on_done=lambda _r: progress.advance(ep_bar))
                     t1 = time.perf_counter()
@@ -222,7 +227,7 @@ class Trainer:
                     self.iteration = iteration + 1
                     scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
                     if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
-                        last_eval = self.evaluate(self.iteration)
+                        last_eval = self.evaluate(self.iteration, eval_bar("trained"))
                         scalars.update(flatten_summary(last_eval, "eval"))
                     # Logged before the save: a kill in between resumes from the checkpoint
                     # before, which cuts this line and logs the iteration again, once.
@@ -236,13 +241,13 @@ class Trainer:
                         f"loss {stats['loss']:+.3f}"
                     )
                     progress.update(it_bar, advance=1, info=info)
-            if (
-                cfg.eval.tasks
-                and not final_logged
-                and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
-            ):
-                last_eval = self.evaluate(self.iteration)
-                self.metrics.log(self.iteration, flatten_summary(last_eval, "eval"))
+                if (
+                    cfg.eval.tasks
+                    and not final_logged
+                    and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
+                ):
+                    last_eval = self.evaluate(self.iteration, eval_bar("trained"))
+                    self.metrics.log(self.iteration, flatten_summary(last_eval, "eval"))
         except KeyboardInterrupt:
             if self.iteration > last_saved:
                 logger.warning("interrupted: saving iteration %d before exiting", self.iteration)
@@ -264,6 +269,7 @@ class Trainer:
             "tensorboard": str(self.run_dir / "tb"),
             "report": written.get("report"),
             "plot": written.get("plot"),
+            "verdict": written.get("verdict", []),
             "eval": last_eval,
         }
 
