@@ -124,7 +124,7 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
     from matplotlib.figure import Figure
 
     its, values, metric = _curve(run_dir, k)
-    fig = Figure(figsize=(7, 4.2))
+    fig = Figure(figsize=(9.5, 4.2))
     ax = fig.add_subplot(1, 1, 1)
     if values:
         window = max(1, min(5, len(values)))
@@ -155,7 +155,7 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
     ax.set_xlabel("iteration")
     ax.set_ylabel(metric if metric.startswith("success") else f"chips in episode {k} ({metric})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     out = run_dir / "learning_curve.png"
     fig.savefig(out, dpi=110)
