@@ -148,7 +148,11 @@ def _cmd_adaptation(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         eval_every=args.eval_every,
         out=args.out,
-        overrides=args.set,
+        overrides=[
+            *([f"policy.model={args.model}"] if args.model else []),
+            *([f"meta.layout={args.layout}"] if args.layout else []),
+            *args.set,
+        ],
         resume=not args.fresh,
         runs_dir=args.runs_dir,
         pretrain=PretrainSettings(**sizes) if args.pretrain else None,
@@ -322,6 +326,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument(
+        "--model", default=None, help="model of every run: tiny (the study's), smollm2 or a path"
+    )
+    p.add_argument(
+        "--layout",
+        choices=["rerendered", "conversation"],
+        default=None,
+        help="prompt layout of every run (default: the config's, rerendered)",
+    )
     p.add_argument("--out", default="runs/adaptation/adaptation.json", help="results JSON")
     p.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
     p.add_argument("--fresh", action="store_true", help="ignore runs already in --out")

@@ -30,6 +30,7 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     torch.set_num_threads(2)
     argv = ["bench", "adaptation", "--methods", "mage,gigpo_single,mage_mixed_groups"]
     argv += ["--seats", "first", "--iterations", "1", "--eval-every", "1", "--out", str(out)]
+    argv += ["--layout", "conversation"]
     argv += [a for s in SMALL for a in ("--set", s)]
     try:
         assert main([*argv, "--threads", "1"]) == 0
@@ -50,6 +51,7 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
         assert [p["iteration"] for p in cell["runs"][0]["curve"]] == [0, 1]
     gigpo = saved["results"]["gigpo_single"]["first"]["runs"][0]["config"]
     assert gigpo["meta"]["episodes"] == 1 and gigpo["rollout"]["group_size"] == 4
+    assert gigpo["meta"]["layout"] == "conversation"
     assert saved["reference"]["first"]["best_fixed"] == pytest.approx(1 / 12)
     assert saved["reference"]["first"]["target"] == pytest.approx((1 / 12 + 0.2833) / 2, abs=1e-3)
     assert (tmp_path / "adaptation_curves.png").stat().st_size > 0
