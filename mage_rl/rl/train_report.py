@@ -162,11 +162,14 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
     return out
 
 
-def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict[str, str]:
+def write_training_report(
+    run_dir: Path, cfg: Any, final_iteration: int, started: float | None = None
+) -> dict[str, Any]:
     """Write ``report.md``, ``report.json`` and ``learning_curve.png``.
 
     Returns:
         The paths of the report and the plot, and the verdict lines on the last episode.
+        ``started`` (``time.time()`` when the command began) sets the stamp's wall time.
     """
     from mage_rl.rl.run_folder import checkpoint_name
 
@@ -222,7 +225,7 @@ def write_training_report(run_dir: Path, cfg: Any, final_iteration: int) -> dict
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
     doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict}
-    write_results(run_dir / "report.json", doc)
+    write_results(run_dir / "report.json", doc, started=started)
     stamp = doc["provenance"]
     lines += [
         "",

@@ -97,6 +97,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.show_progress = progress
+        self._started = time.time()
         # Everything that can fail on a user's config runs before the folder is touched,
         # so a refused start leaves nothing behind that would block the next one.
         checkpoint = start_checkpoint(self.run_dir, resume)
@@ -261,7 +262,7 @@ class Trainer:
         if last_eval is not None:
             from mage_rl.rl.train_report import write_training_report
 
-            written = write_training_report(self.run_dir, cfg, self.iteration)
+            written = write_training_report(self.run_dir, cfg, self.iteration, self._started)
         return {
             "run_dir": str(self.run_dir),
             "checkpoint": str(checkpoint / "model") if checkpoint else None,
