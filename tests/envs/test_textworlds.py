@@ -14,8 +14,10 @@ from mage_rl.envs import (
     env_spec,
     make_env,
     make_opponent,
+    sciworld,
+    textworlds,
+    twx,
 )
-from mage_rl.envs import sciworld, textworlds, twx
 from mage_rl.envs.textworlds import (
     MissingDependencyError,
     SimulatorPool,
