@@ -87,6 +87,25 @@ def bench_one(spec: str, episodes: int, seed: int) -> dict[str, Any]:
     }
 
 
+def simulator_versions() -> dict[str, str]:
+    """The simulator packages' versions and the Java runtime's, for the results file."""
+    import subprocess
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for package in ("scienceworld", "textworld-express", "py4j"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    try:
+        done = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+        versions["java"] = (done.stderr or done.stdout).splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        versions["java"] = "not found"
+    return versions
+
+
 def bench_textenvs(
     specs: tuple[str, ...] | list[str] = DEFAULT_SPECS, episodes: int = 5, seed: int = 0
 ) -> dict[str, Any]:
@@ -100,6 +119,7 @@ def bench_textenvs(
         raise ValueError(f"--episodes {episodes}: give at least 1")
     return {
         "config": {"specs": list(specs), "episodes": episodes, "seed": seed},
+        "simulators": simulator_versions(),
         "envs": [bench_one(spec, episodes, seed) for spec in specs],
     }
 

@@ -23,7 +23,7 @@ def test_bench_textenvs_times_resets_and_steps(tmp_path: Path, capsys) -> None:
     assert env["valid_step"]["n"] == sum(env["gold_path_steps"])
     assert env["invalid_step"]["n"] == env["reset_same_variation"]["n"] == 2
     assert 0 < env["valid_step"]["median_ms"] < 1000
-    assert "provenance" in doc
+    assert "provenance" in doc and doc["simulators"]["textworld-express"] == "1.1.0"
 
 
 def test_bench_textenvs_refuses_other_environments() -> None:
