@@ -161,7 +161,7 @@ def _compact(text: str) -> str:
     for pattern, repl in _FILLER:
         text = pattern.sub(repl, text)
     text = re.sub(r"\s*\n\t+", ", ", text)
-    return " ".join(text.replace(":,", ":").split())
+    return " ".join(text.replace(":,", ":").replace(".,", ",").split())
 
 
 class ScienceWorldEnv(SimulatorEnv):

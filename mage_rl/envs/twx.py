@@ -24,6 +24,7 @@ of turns (30 by default) unfinished. The 0-1 score is shown, not rewarded.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,29 @@ PRESET_GAMES = ("coin", "twc", "cookingworld")
 """The games of the ``twx_train`` and ``twx_unseen`` presets, each at the small size."""
 DEFAULT_MAX_TURNS = 30
 _UNKNOWN = "unknown action"
+
+
+_FILLER = (
+    (re.compile(r"You are in the ([^.]+)\.\s*"), r"In the \1: "),
+    (
+        re.compile(r"(?:In (?:one|another) part of the room you see|There is also|You also see) "),
+        "",
+    ),
+    (re.compile(r",? that has nothing on it"), ""),
+    (re.compile(r",? that is (open|closed)"), r" (\1)"),
+    (
+        re.compile(r"To the (\w+) you see (?:the )?([^.]+)\.\s*"),
+        lambda m: f"{m[1].lower()}: {m[2]}; ",
+    ),
+)
+
+
+def compact(text: str) -> str:
+    """A room description without its filler words (the items, the exits)."""
+    for pattern, repl in _FILLER:
+        text = pattern.sub(repl, text)
+    text = re.sub(r"\.\s+(?=\w)", ", ", " ".join(text.split()))
+    return text.strip().rstrip(";").strip()
 
 
 def _start() -> Any:
@@ -156,7 +180,7 @@ class TextWorldExpressEnv(SimulatorEnv):
         return text + "\nValid actions: " + ", ".join(self.valid) + "."
 
     def _brief_view(self, message: str) -> str:
-        return short(message, 240) + " Actions: " + ", ".join(self.valid) + "."
+        return short(compact(message), 400) + " Actions: " + ", ".join(self.valid) + "."
 
     def legal_actions(self) -> list[str]:
         return [] if self.done else list(self.valid)
