@@ -9,7 +9,7 @@ and talks to it through py4j). This module holds what does not depend on which o
    the rest of the library work without them. A missing package or a missing ``java``
    gives an error that names the fix.
 2. **A pool of simulators per process.** A JVM costs about 0.7 s to start and, for
-   ScienceWorld, about 250 MB, while training and evaluation build one environment per
+   ScienceWorld, about 330 MB, while training and evaluation build one environment per
    meta-episode. An environment therefore borrows a simulator at ``reset`` and hands it
    back when its episode ends; at most as many simulators run as episodes are in flight
    at once (``rollout.concurrency``, ``mage eval --concurrency``). A simulator remembers

@@ -17,7 +17,7 @@ Each observation ends with the simulator's list of valid actions. An answer is v
 when it is one of them (case, spacing and a final full stop do not matter); anything
 else is invalid (SPEC §3, penalty 0.5): the world does not change and the turn counts.
 Success (the game's ``tasksuccess``) is a win, +10; a game's explicit failure
-(``taskfailure``, e.g. eating the wrong thing in cookingworld) a loss, -10; running out
+(``taskfailure``, e.g. cooking an ingredient the wrong way in cookingworld) a loss, -10; running out
 of turns (30 by default) unfinished. The 0-1 score is shown, not rewarded.
 """
 
