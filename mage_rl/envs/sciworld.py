@@ -16,7 +16,8 @@ The agent writes one command per turn, from the action templates the task descri
 lists (``open OBJ``, ``go to LOC``, ``focus on OBJ``...). ScienceWorld's list of valid
 commands is incomplete (its own winning paths hold commands missing from it), so the
 simulator itself decides: a command it does not understand is invalid (SPEC §3, penalty
-0.5; the world does not change and the turn counts), as is ``reset task``. When a
+0.5; the world does not change and the turn counts), as are ``reset task`` and a
+command with characters other than printable ASCII. When a
 command matches several objects the simulator asks which one; the alphabetically first
 reading is taken (the simulator lists them in no fixed order), and the transcript says
 which.
@@ -206,6 +207,10 @@ class ScienceWorldEnv(SimulatorEnv):
             return f"{action!r} is not allowed; the episode restarts by itself"
         if len(action) > MAX_ACTION_CHARS:
             return f"the action is {len(action)} characters long; write one short command"
+        if not (action.isascii() and action.isprintable()):
+            # The simulator's commands are plain ASCII; other characters (a lone surrogate
+            # would even break the connection to the JVM) cannot make a valid one.
+            return "the action has characters other than plain letters, digits and punctuation"
         return ""
 
     def _act(self, sim: Simulator, action: str) -> Reply:

@@ -99,3 +99,25 @@ def test_brief_views_are_short(env: ScienceWorldEnv) -> None:
     assert brief.startswith("In the greenhouse:") and "Score 0/100." in brief
     assert "the agent" not in brief and len(brief) < len(full)
     assert len(env.brief_description) < len(env.task_description) / 2
+
+
+ODD_ANSWERS = [
+    "<action>look\ud800 around</action>",  # a lone surrogate: py4j cannot even send it
+    "<action>look\x00around</action>",
+    "<action>\u202elook around</action>",
+    "<action>l\u043eok around</action>",  # Cyrillic o
+    "<action>look around\nopen door to kitchen</action>",
+    "<action>" * 2000,
+    "<think><action>look around</action>",
+    "<action>0</action>",  # answers an ambiguity prompt that was never asked
+    "<action>" + "a" * 150 + "</action>",
+]
+
+
+def test_odd_answers_never_crash_or_change_the_world(env: ScienceWorldEnv) -> None:
+    obs = env.reset(SEED)
+    for answer in ODD_ANSWERS:
+        result = env.step(answer)
+        assert result.info.invalid and result.info.invalid_reason, repr(answer[:40])
+        assert result.observation == obs
+    assert env.step(act("look around")).info.invalid is False  # the simulator still answers
