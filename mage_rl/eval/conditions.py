@@ -32,6 +32,7 @@ GAME_SHORT = {
     "tic_tac_toe": "ttt",
     "sokoban": "sokoban",
     "leduc_poker": "leduc",
+    "textworld_express": "twx",
 }
 
 

@@ -53,14 +53,15 @@ class EvalSettings:
         factory=lambda: ["kuhn_poker"],
         flag="--env",
         metavar="ENV",
-        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, or "
-        "one a plugin registers; one column each in the paper's Table 1 layout; default "
+        help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, "
+        "scienceworld (sciworld), textworld_express (twx), or one a plugin registers; one column each in the paper's Table 1 layout; default "
         "kuhn_poker",
     )
     opponents: str = setting(
         "train",
         help="opponent set: train (in-distribution: the training populations), unseen "
-        "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes), a preset "
+        "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes, the text "
+        "worlds' test variations), a preset "
         "(kuhn_train...) or weighted specs",
     )
     n: int = setting(

@@ -42,6 +42,7 @@ DEFAULTS = {
         model="smollm2", seed=0, json=None, threads=None, clients="1,16", requests=32,
         max_tokens=32, dtype="auto", rounds=1, long_tokens=3000, short_tokens=16, delay=1.0,
     ),
+    "textenvs": dict(variant=[], episodes=5, seed=0, json=None, threads=None),
     "adaptation": dict(
         config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
         iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
