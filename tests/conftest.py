@@ -7,6 +7,11 @@ each passes whether it runs alone or in the whole suite.
 
 What the package caches (the solved Kuhn CFR table, converted checkpoints) goes to one
 temporary folder per test session, never to the user's ``~/.cache/mage-rl``.
+
+Torch runs on one thread, in this process and in the ones tests start: the test models
+gain nothing from a second one, and on a machine whose CPUs other processes keep busy,
+OpenMP's barrier waits make every forward pass several times slower. Tests about thread
+counts set their own and put this one back.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from mage_rl.cache import CACHE_ENV
 
@@ -31,3 +37,14 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(root))
         yield root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the session; ``OMP_NUM_THREADS`` carries it to subprocesses."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(threads)
