@@ -48,3 +48,22 @@ def one_torch_thread() -> Iterator[None]:
         patch.setenv("OMP_NUM_THREADS", "1")
         yield
     torch.set_num_threads(threads)
+
+
+KUHN_TINY = Path(__file__).parents[1] / "configs" / "kuhn_tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mage train configs/kuhn_tiny.yaml`` for two iterations on the local backend.
+
+    The CLI tests read it and the Ray backend tests compare their run with it. It is
+    shared: a test that would change it (a resume) works on a copy.
+    """
+    from mage_rl.cli import main
+
+    run = tmp_path_factory.mktemp("runs") / "kuhn_tiny"
+    overrides = ["train.iterations=2", "eval.tasks=2"]
+    args = ["train", str(KUHN_TINY), "--run-dir", str(run), "--no-progress"]
+    assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
+    return run
