@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -43,25 +44,8 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(oracle.to_dict() | {"bayes_last_hand": bayes}, indent=2))
         return 0
-    specs = list(oracle.population)
-    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
-    table = Table(title=f"Kuhn Poker exact values, chips per hand for the agent ({pop})")
-    table.add_column("agent seat")
-    table.add_column("Nash", justify="right")
-    for spec in specs:
-        table.add_column(f"vs {spec.split(':', 1)[1][:5]}.", justify="right")
-    table.add_column("best fixed", justify="right")
-    table.add_column("ceiling", justify="right")
-    table.add_column("replay win", justify="right")
-    for seat in oracle.seats:
-        table.add_row(
-            seat.seat,
-            _fmt(seat.nash),
-            *(_fmt(seat.best_response[s]) for s in specs),
-            _fmt(seat.best_fixed),
-            _fmt(seat.ceiling),
-            _fmt(seat.replay_winnable),
-        )
+    title = "Kuhn Poker exact values, chips per hand for the agent"
+    table = _oracle_table(oracle, title, tail=[("replay win", lambda s: s.replay_winnable)])
     console.print(table)
     console.print(
         "vs X: best response to X alone; best fixed: best single strategy against the "
@@ -110,25 +94,9 @@ def _game_oracle(args: argparse.Namespace, game: str) -> int:
     if args.json:
         print(json.dumps(oracle.to_dict(), indent=2))
         return 0
-    specs = list(oracle.population)
-    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
-    table = Table(title=f"{game} exact values, {oracle.payoff_unit} for the agent ({pop})")
-    table.add_column("agent seat")
-    table.add_column("Nash", justify="right")
-    table.add_column("±", justify="right")
-    for spec in specs:
-        table.add_column(f"vs {spec.split(':', 1)[1][:5]}.", justify="right")
-    table.add_column("best fixed", justify="right")
-    table.add_column("ceiling", justify="right")
-    for seat in oracle.seats:
-        table.add_row(
-            seat.seat,
-            _fmt(seat.nash),
-            _fmt((seat.nash_high - seat.nash_low) / 2),
-            *(_fmt(seat.best_response[s]) for s in specs),
-            _fmt(seat.best_fixed),
-            _fmt(seat.ceiling),
-        )
+    title = f"{game} exact values, {oracle.payoff_unit} for the agent"
+    half_width = ("±", lambda s: (s.nash_high - s.nash_low) / 2)
+    table = _oracle_table(oracle, title, head=[half_width])
     console.print(table)
     console.print(
         "Nash ± half-width: the interval that the best responses to the CFR+ average "
@@ -137,6 +105,32 @@ def _game_oracle(args: argparse.Namespace, game: str) -> int:
         "each opponent, weighted."
     )
     return 0
+
+
+_Column = tuple[str, Callable[[Any], float]]
+
+
+def _oracle_table(
+    oracle: Any, title: str, head: Sequence[_Column] = (), tail: Sequence[_Column] = ()
+) -> Table:
+    """One row per seat: Nash, ``head``, the best response to each opponent, best fixed,
+    ceiling, ``tail``; the title ends with the population's weights."""
+    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in oracle.population.items())
+    versus: list[_Column] = [
+        (f"vs {spec.split(':', 1)[1][:5]}.", lambda s, spec=spec: s.best_response[spec])
+        for spec in oracle.population
+    ]
+    columns: list[_Column] = [
+        ("Nash", lambda s: s.nash), *head, *versus,
+        ("best fixed", lambda s: s.best_fixed), ("ceiling", lambda s: s.ceiling), *tail,
+    ]  # fmt: skip
+    table = Table(title=f"{title} ({pop})")
+    table.add_column("agent seat")
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    for seat in oracle.seats:
+        table.add_row(seat.seat, *(_fmt(value(seat)) for _, value in columns))
+    return table
 
 
 def _bayes_values(population: object) -> dict[str, dict[str, dict[int, float]]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 TurnKind = Literal["play", "reflect", "call"]
@@ -143,7 +143,9 @@ class Turn:
         return self.kind == "play"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Fresh top-level lists, shared elements: ``asdict`` deep-copies every token id
+        # one by one, which made it a large share of a tiny-model rollout's time.
+        return {k: list(v) if isinstance(v, list) else v for k, v in plain_fields(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Turn:
@@ -210,7 +212,10 @@ class MetaEpisodeRecord:
         return [e.reward for e in self.episodes]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        data = plain_fields(self)
+        data["episodes"] = [plain_fields(e) for e in self.episodes]
+        data["turns"] = [plain_fields(t) for t in self.turns]
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MetaEpisodeRecord:

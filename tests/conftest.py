@@ -7,6 +7,11 @@ each passes whether it runs alone or in the whole suite.
 
 What the package caches (the solved Kuhn CFR table, converted checkpoints) goes to one
 temporary folder per test session, never to the user's ``~/.cache/mage-rl``.
+
+Torch runs on one thread, in this process and in the ones tests start: the test models
+gain nothing from a second one, and on a machine whose CPUs other processes keep busy,
+OpenMP's barrier waits make every forward pass several times slower. Tests about thread
+counts set their own and put this one back.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from mage_rl.cache import CACHE_ENV
 
@@ -31,3 +37,33 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(root))
         yield root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the session; ``OMP_NUM_THREADS`` carries it to subprocesses."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
+KUHN_TINY = Path(__file__).parents[1] / "configs" / "kuhn_tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mage train configs/kuhn_tiny.yaml`` for two iterations on the local backend.
+
+    The CLI tests read it and the Ray backend tests compare their run with it. It is
+    shared: a test that would change it (a resume) works on a copy.
+    """
+    from mage_rl.cli import main
+
+    run = tmp_path_factory.mktemp("runs") / "kuhn_tiny"
+    overrides = ["train.iterations=2", "eval.tasks=2"]
+    args = ["train", str(KUHN_TINY), "--run-dir", str(run), "--no-progress"]
+    assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
+    return run

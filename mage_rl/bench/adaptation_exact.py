@@ -18,6 +18,7 @@ there are ``6**K`` deal sequences of Kuhn Poker (the agent's card and the oppone
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from itertools import product
 from typing import Any
 
@@ -108,7 +109,16 @@ def exact_ev(
 
 
 def reference_values() -> dict[str, dict[str, float]]:
-    """Oracle values of SPEC §9 for the training population, per seat."""
+    """Oracle values of SPEC §9 for the training population, per seat.
+
+    They depend on nothing but the built-in population, so they are computed once per
+    process (the Bayes enumeration takes seconds); each call gets its own copy.
+    """
+    return {seat: dict(values) for seat, values in _reference_values().items()}
+
+
+@cache
+def _reference_values() -> dict[str, dict[str, float]]:
     from mage_rl.envs import Population
     from mage_rl.eval.bayes import bayes_last_hand
     from mage_rl.eval.oracles import kuhn_oracle

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import StreamingResponse
@@ -17,6 +17,7 @@ from mage_rl.serve.generate import (
     Choice,
     DoneEvent,
     LegacyOffsets,
+    TokenEvent,
     chat_logprobs,
     completion_logprobs,
     stream_choices,
@@ -106,6 +107,35 @@ def sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache"})  # fmt: skip
 
 
+async def _stream_chunks(
+    state: ServerState,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt: list[int],
+    params: list[SamplingParams],
+    top: int,
+    chunk: Callable[..., dict[str, Any]],
+    token_choice: Callable[[TokenEvent], dict[str, Any]],
+    done_choice: Callable[[DoneEvent], dict[str, Any]],
+) -> AsyncIterator[dict[str, Any]]:
+    """The event loop both stream kinds share: one chunk a token, one a finished choice,
+    then usage if asked; ``token_choice`` and ``done_choice`` give each kind's fields."""
+    finished: list[Choice] = []
+    async for event in stream_choices(
+        state.engine, prompt, params, top_logprobs=top,
+        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
+    ):  # fmt: skip
+        if isinstance(event, DoneEvent):
+            finished.append(event.choice)
+            yield chunk([done_choice(event)])
+            continue
+        choice = token_choice(event)
+        if body.return_token_ids:
+            choice["token_ids"] = [event.token]
+        yield chunk([choice])
+    if body.include_usage_in_stream():
+        yield chunk([], usage=usage(len(prompt), finished))
+
+
 async def chat_stream(
     state: ServerState,
     body: ChatCompletionRequest,
@@ -119,36 +149,28 @@ async def chat_stream(
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {**meta, "object": "chat.completion.chunk", "choices": choices, **extra}
 
+    def token_choice(event: TokenEvent) -> dict[str, Any]:
+        logprobs = None
+        if body.logprobs:
+            logprobs = chat_logprobs(tokenizer, [event.token], [event.logprob], [event.top])
+        return {"index": event.index, "delta": {"content": event.delta},
+                "logprobs": logprobs, "finish_reason": None}  # fmt: skip
+
+    def done_choice(event: DoneEvent) -> dict[str, Any]:
+        return {"index": event.choice.index,
+                "delta": {"content": event.delta} if event.delta else {},
+                "logprobs": None, "finish_reason": event.choice.generation.finish_reason}  # fmt: skip
+
     first: dict[str, Any] = {"prompt_token_ids": prompt} if body.return_token_ids else {}
     yield chunk(
         [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
           "finish_reason": None} for i in range(len(params))],
         **first,
     )  # fmt: skip
-    finished: list[Choice] = []
-    async for event in stream_choices(
-        state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-    ):  # fmt: skip
-        if isinstance(event, DoneEvent):
-            c = event.choice
-            finished.append(c)
-            yield chunk([{"index": c.index, "delta": {"content": event.delta} if event.delta else {},
-                          "logprobs": None, "finish_reason": c.generation.finish_reason}])  # fmt: skip
-            continue
-        choice: dict[str, Any] = {
-            "index": event.index,
-            "delta": {"content": event.delta},
-            "logprobs": chat_logprobs(tokenizer, [event.token], [event.logprob], [event.top])
-            if body.logprobs
-            else None,
-            "finish_reason": None,
-        }
-        if body.return_token_ids:
-            choice["token_ids"] = [event.token]
-        yield chunk([choice])
-    if body.include_usage_in_stream():
-        yield chunk([], usage=usage(len(prompt), finished))
+    async for event in _stream_chunks(
+        state, body, prompt, params, top, chunk, token_choice, done_choice
+    ):
+        yield event
 
 
 async def completion_stream(
@@ -159,30 +181,23 @@ async def completion_stream(
     top: int,
     meta: dict[str, Any],
 ) -> AsyncIterator[dict[str, Any]]:
-    tokenizer = state.engine.tokenizer
-    offsets = [LegacyOffsets(tokenizer) for _ in params]
+    offsets = [LegacyOffsets(state.engine.tokenizer) for _ in params]
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {**meta, "object": "text_completion", "choices": choices, **extra}
 
-    finished: list[Choice] = []
-    async for event in stream_choices(
-        state.engine, prompt, params, top_logprobs=top,
-        include_stop=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-    ):  # fmt: skip
-        if isinstance(event, DoneEvent):
-            c = event.choice
-            finished.append(c)
-            yield chunk([{"index": c.index, "text": event.delta, "logprobs": None,
-                          "finish_reason": c.generation.finish_reason}])  # fmt: skip
-            continue
+    def token_choice(event: TokenEvent) -> dict[str, Any]:
         logprobs = None
         if body.logprobs is not None:
             logprobs = offsets[event.index].entries([event.token], [event.logprob], [event.top])
-        choice: dict[str, Any] = {"index": event.index, "text": event.delta,
-                                  "logprobs": logprobs, "finish_reason": None}  # fmt: skip
-        if body.return_token_ids:
-            choice["token_ids"] = [event.token]
-        yield chunk([choice])
-    if body.include_usage_in_stream():
-        yield chunk([], usage=usage(len(prompt), finished))
+        return {"index": event.index, "text": event.delta,
+                "logprobs": logprobs, "finish_reason": None}  # fmt: skip
+
+    def done_choice(event: DoneEvent) -> dict[str, Any]:
+        return {"index": event.choice.index, "text": event.delta, "logprobs": None,
+                "finish_reason": event.choice.generation.finish_reason}  # fmt: skip
+
+    async for event in _stream_chunks(
+        state, body, prompt, params, top, chunk, token_choice, done_choice
+    ):
+        yield event

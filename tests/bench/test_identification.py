@@ -71,9 +71,10 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
     assert all(0.0 <= p["accuracy"] <= 1.0 for p in result["curve"])
     with pytest.raises(ValueError, match="seat=first"):
         bench_identification(overrides=[*SMALL, "env.seat=second"])
-    # Through the CLI, 20 small batches give too few decisions for the default 400
-    # held out: a one-line error and exit status 2, no traceback.
-    code = main(["bench", "identification"] + [a for s in SMALL for a in ("--set", s)])
+    # Through the CLI, one small batch gives too few decisions for the default 400 held
+    # out: a one-line error and exit status 2, no traceback.
+    argv = ["bench", "identification", "--batches", "1"]
+    code = main(argv + [a for s in SMALL for a in ("--set", s)])
     assert code == 2
 
 

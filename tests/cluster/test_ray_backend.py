@@ -32,8 +32,9 @@ def local_ray():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, local_ray) -> tuple[Path, Path]:
-    """The same config trained with backend ray (2 workers) and backend local."""
+def runs(tmp_path_factory, local_ray, kuhn_tiny_run: Path) -> tuple[Path, Path]:
+    """The same config trained with backend ray (2 workers) and backend local (the
+    session's shared run, trained with these settings)."""
     root = tmp_path_factory.mktemp("runs")
     common = ["--set", "train.iterations=2", "--set", "eval.tasks=2", "--no-progress"]
     code = main(["train", str(CONFIG), "--backend", "ray", "--run-dir", str(root / "ray"),
@@ -41,8 +42,7 @@ def runs(tmp_path_factory, local_ray) -> tuple[Path, Path]:
     assert code == 0
     # An existing Ray instance is used and left running for its owner.
     assert ray.is_initialized()
-    assert main(["train", str(CONFIG), "--run-dir", str(root / "local"), *common]) == 0
-    return root / "ray", root / "local"
+    return root / "ray", kuhn_tiny_run
 
 
 def test_ray_backend_writes_the_local_backends_artifacts(runs: tuple[Path, Path]) -> None:

@@ -53,15 +53,3 @@ def keyed_server(tiny) -> Iterator[Server]:
         serve_in_thread(create_app(engine, MODEL, api_key=API_KEY)) as url,
     ):
         yield Server(url, engine)
-
-
-@pytest.fixture(scope="package", autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from a second thread, and when other processes keep
-    the CPUs busy, OpenMP barrier waits make each forward pass far slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

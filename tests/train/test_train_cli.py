@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,22 +16,10 @@ from mage_rl.config import TrainConfig, load_config
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("runs") / "kuhn_tiny"
-    code = main(
-        [
-            "train",
-            str(CONFIG),
-            "--set",
-            "train.iterations=2",
-            "--run-dir",
-            str(run),
-            "--no-progress",
-        ]
-    )
-    assert code == 0
-    return run
+@pytest.fixture
+def run_dir(kuhn_tiny_run: Path) -> Path:
+    """Two iterations of kuhn_tiny (shared with the Ray backend tests: read, never change)."""
+    return kuhn_tiny_run
 
 
 def test_train_leaves_checkpoint_events_and_metrics(run_dir: Path) -> None:
@@ -68,7 +57,10 @@ def test_checkpoint_loads_as_a_model(run_dir: Path) -> None:
     assert tokenizer.chat_template
 
 
-def test_resume_continues_from_the_saved_step_with_optimizer_state(run_dir: Path) -> None:
+def test_resume_continues_from_the_saved_step_with_optimizer_state(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / "kuhn_tiny"))
     opt_before = torch.load(run_dir / "checkpoints" / "iter_000002" / "optimizer.pt")
     code = main(
         ["train", str(CONFIG), "--set", "train.iterations=3", "--run-dir", str(run_dir),
