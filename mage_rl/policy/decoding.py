@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -46,6 +47,8 @@ from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
+from mage_rl.policy.prefill import prefill_group, row_states, sequence
+from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_row, sampling_logprobs
 from mage_rl.policy.tokenization import find_stop
@@ -63,6 +66,14 @@ class RunningBatch:
         pad_id: Id used for left padding (masked out, so its value does not matter).
         eos_ids: Ids that end a response; the EOS token is kept in ``response_ids``.
         stats: Counters updated in place.
+        prefix_cache: Where prefilled and finished sequences are stored and prompts look
+            up reusable prefixes; ``None`` prefills every prompt whole.
+        prefill_tokens: Most tokens prefilled in one forward pass; a longer prompt is
+            prefilled in chunks of this size, one per step.
+
+    Attributes:
+        rows: The requests being decoded, one per cache row.
+        queued: Admitted requests waiting for (the rest of) their prefill.
     """
 
     def __init__(
@@ -73,51 +84,50 @@ class RunningBatch:
         pad_id: int,
         eos_ids: set[int],
         stats: DecodeStats,
+        prefix_cache: PrefixCache | None = None,
+        prefill_tokens: int = 512,
     ) -> None:
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self.eos_ids = eos_ids
         self.stats = stats
         self.device = next(model.parameters()).device
-        self.mergeable = True
+        layers = DynamicCache(config=model.config).layers
+        self.mergeable = all(type(layer) is DynamicLayer for layer in layers)
+        # Sliding-window layers drop old columns: their states can be neither merged,
+        # reused, nor built up chunk by chunk.
+        self.prefix_cache = prefix_cache if self.mergeable else None
+        self.prefill_tokens = prefill_tokens if self.mergeable else 1 << 62
+        self.queued: deque[DecodeRequest] = deque()
         self._reset()
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.queued)
+
+    def requests(self) -> list[DecodeRequest]:
+        """Every request in the batch: decoding, then waiting for prefill."""
+        return [*self.rows, *self.queued]
 
     def can_admit(self) -> bool:
         """Whether newcomers can join now (always, unless the cache cannot be merged)."""
-        return not self.rows or self.mergeable
+        return not self or self.mergeable
 
     def admit(self, requests: list[DecodeRequest]) -> None:
-        """Prefill ``requests`` and add them to the batch; they sample at the next step."""
-        start = time.perf_counter()
-        # Counted up front: callers may read the stats as soon as a request resolves.
-        self.stats.batches += 1
+        """Queue ``requests`` for prefill; the next :meth:`step` prefills them (within
+        the token budget) and they sample in that step."""
         self.stats.requests += len(requests)
-        try:
+        for request in requests:
             # Tokens every allowed choice shares go into the prefill with the prompt.
-            fresh = [
-                r for r in requests if not self._isolated(r, self._force_prefix, r, failed=True)
-            ]
-            if not fresh:
-                return
-            try:
-                with torch.inference_mode():
-                    group = self._prefill(fresh)
-            except Exception as error:  # only the newcomers were in this forward pass
-                logger.exception("prefill of %d requests failed", len(fresh))
-                for request in fresh:
-                    self._fail(request, error)
-                return
-            self._merge(*group)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(self.rows))
-        finally:
-            self.stats.compute_seconds += time.perf_counter() - start
+            if not self._isolated(request, self._force_prefix, request, failed=True):
+                self.queued.append(request)
 
     def step(self) -> None:
         """Sample one token for every row, answer those that ended, decode the rest."""
+        if self.queued and (self.mergeable or not self.rows):
+            self._prefill_queued()
         start = time.perf_counter()
         try:
             self._keep([i for i, r in enumerate(self.rows) if not self._dropped(r)])
@@ -129,13 +139,14 @@ class RunningBatch:
                 drawn, logp = self._sample()
                 self.stats.generated_tokens += len(drawn)
                 self._report(drawn, logp)
-                keep = [
-                    i
-                    for i, (token, lp) in drawn.items()
-                    if not self._isolated(
-                        self.rows[i], self._advance, self.rows[i], token, lp, failed=True
+                keep, finished = [], []
+                for i, (token, lp) in drawn.items():
+                    ended = self._isolated(
+                        self.rows[i], self._advance, self.rows[i], token, lp, failed=None
                     )
-                ]
+                    (keep if ended is False else finished if ended else []).append(i)
+                for i in finished:
+                    self._store(i, sequence(self.rows[i]))
                 tokens = [drawn[i][0] for i in keep]
                 self._keep(keep)
                 if self.rows:
@@ -162,31 +173,100 @@ class RunningBatch:
         self.top_k = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,)
         self.top_p = torch.zeros(0, device=self.device)  # (B,)
 
-    def _prefill(self, requests: list[DecodeRequest]) -> tuple:
-        input_ids, mask = _left_pad(
-            [r.prompt_ids + r.response_ids for r in requests], self.pad_id, self.device
-        )  # (B, T), (B, T)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :]  # (B, V)
+    def _prefill_queued(self) -> None:
+        """Prefill queued requests within ``prefill_tokens`` tokens for this step.
+
+        Requests that fit whole are prefilled together, oldest first, and join the
+        batch. A request longer than the budget is prefilled in chunks, one per step,
+        and gets at least half of the budget; short requests that come after it take
+        the rest, so they do not wait for the whole long prefill.
+        """
+        start = time.perf_counter()
+        budget = self.prefill_tokens
+        for request in list(self.queued):
+            if self._dropped(request):
+                self.queued.remove(request)
+            elif not request.looked_up:
+                self._look_up(request)
+        long = next((r for r in self.queued if _remaining(r) > budget), None)
+        room = budget - budget // 2 if long is not None else budget
+        group: list[DecodeRequest] = []
+        for request in self.queued:
+            need = _remaining(request)
+            if request is not long and need <= room:
+                group.append(request)
+                room -= need
+                budget -= need
+        for request in group:
+            self.queued.remove(request)
+        try:
+            if group:
+                self._prefill_whole(group)
+            if long is not None and budget > 0:
+                self._prefill_chunk(long, budget)
+        finally:
+            self.stats.compute_seconds += time.perf_counter() - start
+
+    def _look_up(self, request: DecodeRequest) -> None:
+        request.looked_up = True
+        if self.prefix_cache is None or not self.mergeable:
+            return
+        reused, states = self.prefix_cache.lookup(sequence(request))
+        if reused:
+            request.prefix_len, request.prefix = reused, states
+            self.stats.reused_tokens += reused
+
+    def _prefill_whole(self, group: list[DecodeRequest]) -> None:
+        """Prefill the rest of every request in ``group`` in one pass; they join."""
+        ends = [len(sequence(r)) for r in group]
+        try:
+            with torch.inference_mode():
+                cache, mask, logits = prefill_group(self.model, group, ends, self.pad_id)
+        except Exception as error:  # only the newcomers were in this forward pass
+            logger.exception("prefill of %d requests failed", len(group))
+            for request in group:
+                self._fail(request, error)
+            return
+        self._count_prefill(group, ends)
+        self._merge(group, cache, mask, mask.sum(-1), logits)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(self.rows))
+        first = len(self.rows) - len(group)
+        for row, request in enumerate(group):
+            request.prefix = None  # the batch's cache holds them now
+            self._store(first + row, sequence(request))
+
+    def _prefill_chunk(self, request: DecodeRequest, tokens: int) -> None:
+        """Prefill the next ``tokens`` tokens of ``request`` alone; it stays queued."""
+        end = request.prefix_len + tokens
+        try:
+            with torch.inference_mode():
+                cache, mask, _ = prefill_group(self.model, [request], [end], self.pad_id)
+        except Exception as error:
+            logger.exception("prefill chunk failed")
+            self.queued.remove(request)
+            self._fail(request, error)
+            return
+        self._count_prefill([request], [end])
+        request.prefix, request.prefix_len = row_states(cache, mask, 0), end
+
+    def _count_prefill(self, group: list[DecodeRequest], ends: list[int]) -> None:
+        self.stats.batches += 1
         self.stats.forward_passes += 1
-        next_position = mask.sum(-1)  # (B,)
-        self.stats.prompt_tokens += int(next_position.sum())
-        vocab = logits.shape[-1]
-        # top_k >= V keeps every token, like 0; clamping keeps any huge value in int64.
-        sampling = (
-            torch.tensor([r.params.temperature for r in requests], device=self.device),
-            torch.tensor([min(r.params.top_k, vocab) for r in requests], device=self.device),
-            torch.tensor([r.params.top_p for r in requests], device=self.device),
-        )
-        return requests, cache, mask, next_position, logits, sampling
+        self.stats.prompt_tokens += sum(e - r.prefix_len for r, e in zip(group, ends, strict=True))
+
+    def _store(self, row: int, ids: list[int]) -> None:
+        """Put row ``row``'s cached states (of ``ids``' first tokens) in the prefix cache.
+
+        The last sampled token of a finished row never went through a forward pass: the
+        row's mask counts the tokens whose states the cache holds.
+        """
+        if self.prefix_cache is None or self.cache is None:
+            return
+        try:
+            states = row_states(self.cache, self.mask, row)
+            self.prefix_cache.store(ids[: int(self.mask[row].sum())], states)
+        except Exception:  # a cache is an optimisation: never fail a request for it
+            logger.warning("storing a prefix failed", exc_info=True)
 
     def _merge(
         self,
@@ -195,10 +275,15 @@ class RunningBatch:
         mask: torch.Tensor,
         next_position: torch.Tensor,
         logits: torch.Tensor,
-        sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> None:
         """Add a prefilled group to the batch, left-padding the shorter cache."""
-        self.mergeable = all(type(layer) is DynamicLayer for layer in cache.layers)
+        vocab = logits.shape[-1]
+        # top_k >= V keeps every token, like 0; clamping keeps any huge value in int64.
+        sampling = (
+            torch.tensor([r.params.temperature for r in requests], device=self.device),
+            torch.tensor([min(r.params.top_k, vocab) for r in requests], device=self.device),
+            torch.tensor([r.params.top_p for r in requests], device=self.device),
+        )
         if not self.rows:
             self.rows, self.cache, self.mask = list(requests), cache, mask
             self.next_position, self.logits = next_position, logits
@@ -393,6 +478,11 @@ class RunningBatch:
         return True
 
 
+def _remaining(request: DecodeRequest) -> int:
+    """Tokens of ``request`` still to prefill."""
+    return len(sequence(request)) - request.prefix_len
+
+
 def _pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
     """Left-pad cached states ``(B, H, L, D)`` with zeros to ``(B, H, width, D)``."""
     return F.pad(states, (0, 0, width - states.shape[-2], 0))
@@ -446,16 +536,3 @@ def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     """The response text: special tokens (EOS) skipped, as the invariant requires."""
     return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad prompts into ``(B, T)`` ids and a ``(B, T)`` attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
