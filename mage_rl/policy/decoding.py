@@ -3,34 +3,33 @@
 Everything here runs on the engine's worker thread and never touches an event loop. A
 :class:`RunningBatch` holds the sequences in flight and their key/value cache:
 
-1. Admission (:meth:`RunningBatch.admit`): the newcomers' prompts are left-padded to a
-   common length ``T`` (the attention mask hides the padding, ``position_ids`` count only
-   real tokens, so each row sees exactly what it would see alone) and prefilled in one
-   forward pass over ``(B_new, T)``, which gives their KV cache and the logits of their
-   first response token. Their cache then joins the running one: the shorter of the two
-   is left-padded with masked zero columns and the rows are concatenated. A request
-   therefore joins a running decode loop at its next step instead of waiting for it to
-   end. A constrained request's prompt is followed by the tokens all its choices share
-   (``<action>`` of ``<action>PASS</action>`` and ``<action>BET</action>``): they have
-   only one allowed value, log-prob 0, and need no decode step of their own.
-2. Step (:meth:`RunningBatch.step`): sample one token per row from its pending logits
+1. Admission (:meth:`RunningBatch.admit`) queues the newcomers. A constrained request's
+   prompt is followed by the tokens all its choices share (:mod:`~mage_rl.policy.forced`):
+   one allowed value each, log-prob 0, no decode step of their own.
+2. Prefill, at the start of every step (:mod:`mage_rl.policy.prefill`): each queued
+   prompt first takes the longest stored prefix it shares with an earlier sequence
+   (:mod:`mage_rl.policy.prefix_cache`); then, within ``prefill_tokens`` tokens, the
+   requests that fit are prefilled together in one forward pass (left-padded,
+   ``position_ids`` counting real tokens only, so each row sees exactly what it would
+   see alone), and a longer prompt gets one chunk of its own. The prefilled group's
+   cache joins the running one: the shorter of the two is left-padded with masked zero
+   columns and the rows are concatenated, so a request joins a running decode loop at
+   the next step instead of waiting for it to end.
+3. Step (:meth:`RunningBatch.step`): sample one token per row from its pending logits
    (:mod:`mage_rl.policy.sampling`, each row with its own generator), check EOS, stop
-   strings and the length limit, answer the rows that ended, drop them with their cache
-   rows (and the leading cache columns no remaining row attends to), and run ONE forward
-   pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it any more)
-   leaves before the next sample.
-3. Isolation: sampling, the per-token callback and the end checks run per row; an
+   strings and the length limit, answer the rows that ended (and store their sequence
+   in the prefix cache: a conversation's next call continues it), drop them with their
+   cache rows (and the leading cache columns no remaining row attends to), and run ONE
+   forward pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it
+   any more) leaves before the next sample.
+4. Isolation: sampling, the per-token callback and the end checks run per row; an
    exception there settles only its own request. A forward pass covers all its rows, so
    its failure fails them all (there is no partial result to keep); a failed prefill
-   fails only the newcomers.
-
-Sessions (a conversation's KV cache kept between turns) fit this loop: a request that
-brought the cache of its earlier turns would be prefilled on its new tokens only, on top
-of that cache, and merged like any newcomer, since merging takes caches of any length.
+   fails only the newcomers in it.
 
 Merging needs full-attention cache layers (``DynamicLayer``); for a model with sliding
-window layers :attr:`RunningBatch.mergeable` is False and newcomers wait until the batch
-is empty (static batching).
+window layers :attr:`RunningBatch.mergeable` is False: newcomers wait until the batch is
+empty (static batching), and prefixes are neither reused nor prefilled in chunks.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
+from mage_rl.policy.forced import complete_forced, take_forced
 from mage_rl.policy.prefill import prefill_group, row_states, sequence
 from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
@@ -441,7 +441,7 @@ class RunningBatch:
             return True
         if request.candidates is None:
             return False
-        for token in _take_forced(request):
+        for token in take_forced(request):
             if request.on_token is not None:
                 request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
         if not is_complete(request.candidates, request.response_ids):
@@ -465,7 +465,7 @@ class RunningBatch:
                 finish_reason = "stop"
             request._text_len = len(text)
         if request.candidates is not None:
-            _complete_forced(request)
+            complete_forced(request)
             if is_complete(request.candidates, request.response_ids):
                 finish_reason = "stop"
         if finish_reason is None and len(request.response_ids) >= request.max_new_tokens:
@@ -491,33 +491,6 @@ def _pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     """Left-pad an attention mask ``(B, L)`` with zeros (masked) to ``(B, width)``."""
     return F.pad(mask, (width - mask.shape[-1], 0))
-
-
-def _complete_forced(request: DecodeRequest) -> None:
-    """Once one choice is left, append its remaining tokens without forward passes.
-
-    Only then: a token appended in the middle of decoding would be missing from the KV
-    cache, while a finished request needs no further forward pass.
-    """
-    assert request.candidates is not None
-    prefix = request.response_ids
-    if sum(list(c[: len(prefix)]) == prefix for c in request.candidates) == 1:
-        _take_forced(request)
-
-
-def _take_forced(request: DecodeRequest) -> list[int]:
-    """Append tokens while only one is allowed next; return them.
-
-    Each such token is the only allowed one, so its restricted log-prob is exactly 0.
-    """
-    assert request.candidates is not None
-    taken = []
-    while len(allowed := allowed_next(request.candidates, request.response_ids)) == 1:
-        request.response_ids.append(allowed[0])
-        request.logprobs.append(0.0)
-        request.allowed.append([allowed[0]])
-        taken.append(allowed[0])
-    return taken
 
 
 def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:

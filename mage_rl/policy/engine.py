@@ -63,6 +63,7 @@ from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -454,41 +455,6 @@ class LocalEngine:
                 return
             if isinstance(item, DecodeRequest):
                 item.resolve(EngineClosedError(f"engine {self.name!r} closed before answering"))
-
-
-def load_weights(
-    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True
-) -> None:
-    """Copy ``state_dict`` into ``model``'s parameters, casting dtype and device.
-
-    Args:
-        model: The model to update in place.
-        state_dict: New tensors by parameter or buffer name.
-        strict: Require all parameters (tied duplicates excepted) and no unknown names.
-
-    Raises:
-        KeyError: On unknown names, or missing ones with ``strict``.
-    """
-    own = model.state_dict()
-    unknown = sorted(set(state_dict) - set(own))
-    if unknown:
-        raise KeyError(f"update_weights got names the model does not have: {unknown[:5]}")
-    if strict:
-        # A tied weight is one tensor under two names; providing either name suffices.
-        by_storage: dict[int, set[str]] = {}
-        for name, tensor in own.items():
-            by_storage.setdefault(tensor.data_ptr(), set()).add(name)
-        missing = sorted(
-            name
-            for name, tensor in own.items()
-            if name not in state_dict and not (by_storage[tensor.data_ptr()] & set(state_dict))
-        )
-        if missing:
-            raise KeyError(f"update_weights is missing {len(missing)} tensors: {missing[:5]}")
-    with torch.no_grad():
-        for name, tensor in state_dict.items():
-            target = own[name]
-            target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
 
 
 def _threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:
