@@ -40,14 +40,20 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
 from mage_rl.policy.forced import complete_forced, take_forced
-from mage_rl.policy.prefill import prefill_group, row_states, sequence
+from mage_rl.policy.prefill import (
+    pad_mask,
+    pad_time,
+    prefill_group,
+    remaining,
+    row_states,
+    sequence,
+)
 from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_row, sampling_logprobs
@@ -188,11 +194,11 @@ class RunningBatch:
                 self.queued.remove(request)
             elif not request.looked_up:
                 self._look_up(request)
-        long = next((r for r in self.queued if _remaining(r) > budget), None)
+        long = next((r for r in self.queued if remaining(r) > budget), None)
         room = budget - budget // 2 if long is not None else budget
         group: list[DecodeRequest] = []
         for request in self.queued:
-            need = _remaining(request)
+            need = remaining(request)
             if request is not long and need <= room:
                 group.append(request)
                 room -= need
@@ -294,11 +300,9 @@ class RunningBatch:
         for ours, theirs in zip(self.cache.layers, cache.layers, strict=True):
             if not getattr(theirs, "is_initialized", False):
                 continue  # a layer that shares another's cache holds nothing of its own
-            ours.keys = torch.cat([_pad_time(ours.keys, width), _pad_time(theirs.keys, width)])
-            ours.values = torch.cat(
-                [_pad_time(ours.values, width), _pad_time(theirs.values, width)]
-            )
-        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+            ours.keys = torch.cat([pad_time(ours.keys, width), pad_time(theirs.keys, width)])
+            ours.values = torch.cat([pad_time(ours.values, width), pad_time(theirs.values, width)])
+        self.mask = torch.cat([pad_mask(self.mask, width), pad_mask(mask, width)])
         self.next_position = torch.cat([self.next_position, next_position])
         self.logits = torch.cat([self.logits, logits])
         self.temperature = torch.cat([self.temperature, sampling[0]])
@@ -476,21 +480,6 @@ class RunningBatch:
             text = _decode(self.tokenizer, request.response_ids)
         _answer(request, finish_reason, text)
         return True
-
-
-def _remaining(request: DecodeRequest) -> int:
-    """Tokens of ``request`` still to prefill."""
-    return len(sequence(request)) - request.prefix_len
-
-
-def _pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad cached states ``(B, H, L, D)`` with zeros to ``(B, H, width, D)``."""
-    return F.pad(states, (0, 0, width - states.shape[-2], 0))
-
-
-def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad an attention mask ``(B, L)`` with zeros (masked) to ``(B, width)``."""
-    return F.pad(mask, (width - mask.shape[-1], 0))
 
 
 def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:

@@ -23,6 +23,7 @@ prefill before their next token.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from mage_rl.policy.prefix_cache import LayerStates
@@ -89,6 +90,21 @@ def row_states(cache: DynamicCache, mask: torch.Tensor, row: int) -> LayerStates
         values = layer.values[row : row + 1].index_select(2, columns)
         states.append((keys, values))
     return states
+
+
+def remaining(request: DecodeRequest) -> int:
+    """Tokens of ``request`` still to prefill."""
+    return len(sequence(request)) - request.prefix_len
+
+
+def pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad cached states ``(B, H, L, D)`` with zeros to ``(B, H, width, D)``."""
+    return F.pad(states, (0, 0, width - states.shape[-2], 0))
+
+
+def pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad an attention mask ``(B, L)`` with zeros (masked) to ``(B, width)``."""
+    return F.pad(mask, (width - mask.shape[-1], 0))
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
