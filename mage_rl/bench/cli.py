@@ -25,7 +25,15 @@ from rich.console import Console
 log = logging.getLogger(__name__)
 console = Console()
 
-BENCHMARKS = ("rollout", "learner", "serve", "textenvs", "adaptation", "identification")
+BENCHMARKS = (
+    "rollout",
+    "learner",
+    "serve",
+    "textenvs",
+    "adaptation",
+    "identification",
+    "reuse",
+)
 
 
 def apply_threads(threads: int | None) -> int:
@@ -72,6 +80,17 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_reuse(args: argparse.Namespace) -> int:
+    from mage_rl.bench.reuse import bench_reuse, format_reuse_report
+
+    return _measure(
+        args, bench_reuse, format_reuse_report, model=args.model,
+        meta_episodes=args.meta_episodes, env=args.env, episodes=args.episodes,
+        max_tokens=args.max_tokens, dtype=args.dtype, seed=args.seed, rounds=args.rounds,
+        layout=args.layout,
+    )  # fmt: skip
+
+
 def _cmd_learner(args: argparse.Namespace) -> int:
     from mage_rl.bench.learner import bench_learner, format_learner_report
 
@@ -106,6 +125,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         long_tokens=args.long_tokens,
         short_tokens=args.short_tokens,
         delay_s=args.delay,
+        prefix_cache_mb=args.prefix_cache_mb,
+        prefill_tokens=args.prefill_tokens,
     )
 
 
@@ -285,6 +306,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.set_defaults(func=_cmd_rollout)
 
+    p = benches.add_parser("reuse", help="rollout time with and without KV prefix reuse")
+    _add_model(p)
+    p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
+    p.add_argument("--env", default="kuhn_poker", choices=["kuhn_poker", "tic_tac_toe"])
+    p.add_argument("--episodes", type=int, default=3, help="K")
+    p.add_argument("--layout", default="conversation", choices=["conversation", "rerendered"])
+    _add_decoding(p)
+    _add_common(p)
+    p.set_defaults(func=_cmd_reuse)
+
     p = benches.add_parser("learner", help="PPO update throughput, bf16 vs fp32 forward pass")
     _add_model(p)
     p.add_argument("--samples", type=int, default=16)
@@ -307,6 +338,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--delay", type=float, default=1.0, help="head-of-line test: seconds between the two"
     )
+    p.add_argument("--prefix-cache-mb", type=float, default=1024, help="0 turns reuse off")
+    p.add_argument("--prefill-tokens", type=int, default=512, help="most tokens per prefill")
     _add_decoding(p)
     _add_common(p)
     p.set_defaults(func=_cmd_serve)

@@ -52,6 +52,8 @@ def bench_rollout(
     seed: int = 0,
     rounds: int = 1,
     on_meta_episode: Callable[[str], None] | None = None,
+    prefix_cache_mb: float = 1024,
+    layout: str = "rerendered",
 ) -> dict[str, Any]:
     """Time ``meta_episodes`` concurrent meta-episodes in each decoding mode.
 
@@ -74,12 +76,16 @@ def bench_rollout(
             reports the minimum).
         on_meta_episode: Called with the mode name each time a meta-episode finishes
             (for progress bars).
+        prefix_cache_mb: The timed engines' prefix cache (0 turns prefix reuse off);
+            each round of each mode starts with an empty one.
+        layout: Prompt layout of the meta-episodes: ``rerendered`` or ``conversation``.
 
     Returns:
         ``{"config": {...}, "modes": {mode: {...}}, "ratios": {...}}``. Each mode has
         ``wall_s``, ``meta_episodes_per_min``, ``llm_calls``, ``generated_tokens``,
         ``tokens_per_s``, ``model_s``, ``outside_model_share``, ``batches``,
         ``mean_batch``, ``largest_batch``, ``forward_passes``, ``mean_prompt_tokens``,
+        ``prefilled_tokens``, ``reused_tokens`` (prompt tokens prefilled and reused),
         ``mean_response_tokens``, ``cpu_cores`` (process CPU time over wall time; well
         under ``torch_threads`` hints at other processes competing for the CPUs) and
         ``round_wall_s`` (the wall time of every round). ``ratios`` (batched / sequential of
@@ -91,9 +97,7 @@ def bench_rollout(
     """
     import torch
 
-    from mage_rl import runtime
-    from mage_rl.config import RunConfig
-    from mage_rl.policy.models import load_model, resolve_dtype
+    from mage_rl.policy.models import resolve_dtype
 
     modes = tuple(modes)
     unknown = [m for m in modes if m not in MODES]
@@ -108,33 +112,24 @@ def bench_rollout(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
 
-    cfg = RunConfig.model_validate(
-        {
-            "env": {"name": env, "population": POPULATIONS[env], "seat": "sampled"},
-            "meta": {"episodes": episodes, "context": "reflection", "stop_on_success": False},
-            "policy": {
-                "model": model,
-                "dtype": dtype,
-                "temperature": 1.0,
-                "max_tokens": max_tokens,
-                "max_batch_size": meta_episodes,
-            },
-            "rollout": {
-                "tasks": meta_episodes,
-                "group_size": 1,
-                "concurrency": meta_episodes,
-                "seed": seed,
-            },
-        }
+    cfg, lm, tokenizer, graph, tasks = rollout_setup(
+        model, meta_episodes, env, episodes, max_tokens, dtype, seed, layout
     )
-    lm, tokenizer = load_model(model, dtype=dtype)
-    graph = runtime.build_graph(cfg)
-    tasks = runtime.tasks_for(cfg, meta_episodes, base_seed=seed)
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for _ in range(rounds):
         for mode in modes:
             runs[mode].append(
-                _run_mode(cfg, mode, lm, tokenizer, graph, tasks, seed, on_meta_episode)
+                _run_mode(
+                    cfg,
+                    mode,
+                    lm,
+                    tokenizer,
+                    graph,
+                    tasks,
+                    seed,
+                    on_meta_episode,
+                    prefix_cache_mb,
+                )  # fmt: skip
             )
     results = {}
     for mode, done in runs.items():
@@ -156,10 +151,64 @@ def bench_rollout(
             "seed": seed,
             "rounds": rounds,
             "torch_threads": torch.get_num_threads(),
+            "prefix_cache_mb": prefix_cache_mb,
+            "layout": layout,
         },
         "modes": results,
         "ratios": ratios,
     }
+
+
+def rollout_setup(
+    model: str,
+    meta_episodes: int,
+    env: str,
+    episodes: int,
+    max_tokens: int,
+    dtype: DType,
+    seed: int,
+    layout: str = "rerendered",
+) -> tuple[Any, Any, Any, Any, list[Any]]:
+    """The run config, model, tokenizer, graph and tasks that a rollout benchmark plays.
+
+    Raises:
+        ValueError: On an environment that is not benchmarked, or a config the runtime
+            refuses (a conversation layout that could outgrow the model's context).
+    """
+    from mage_rl import runtime
+    from mage_rl.config import RunConfig
+    from mage_rl.policy.models import load_model
+
+    if env not in POPULATIONS:
+        raise ValueError(f"env={env!r} is not benchmarked; use one of {sorted(POPULATIONS)}")
+    cfg = RunConfig.model_validate(
+        {
+            "env": {"name": env, "population": POPULATIONS[env], "seat": "sampled"},
+            "meta": {
+                "episodes": episodes,
+                "context": "reflection",
+                "stop_on_success": False,
+                "layout": layout,
+            },
+            "policy": {
+                "model": model,
+                "dtype": dtype,
+                "temperature": 1.0,
+                "max_tokens": max_tokens,
+                "max_batch_size": meta_episodes,
+            },
+            "rollout": {
+                "tasks": meta_episodes,
+                "group_size": 1,
+                "concurrency": meta_episodes,
+                "seed": seed,
+            },
+        }
+    )
+    lm, tokenizer = load_model(model, dtype=dtype)
+    graph = runtime.build_graph(cfg)
+    tasks = runtime.tasks_for(cfg, meta_episodes, base_seed=seed)
+    return cfg, lm, tokenizer, graph, tasks
 
 
 def _run_mode(
@@ -171,6 +220,7 @@ def _run_mode(
     tasks: list[Any],
     seed: int,
     on_meta_episode: Callable[[str], None] | None,
+    prefix_cache_mb: float = 1024,
 ) -> dict[str, Any]:
     """Play the tasks once with an engine in ``mode``; the measurements of one mode."""
     from mage_rl import runtime
@@ -191,6 +241,7 @@ def _run_mode(
         batched=batched,
         seed=seed,
         name=f"{cfg.policy.model}-{mode}",
+        prefix_cache_mb=prefix_cache_mb,
     ) as engine:
         llm = PolicyChatModel(
             policy=engine, temperature=cfg.policy.temperature, max_tokens=cfg.policy.max_tokens,
@@ -227,6 +278,8 @@ def _run_mode(
         "largest_batch": stats.largest_batch,
         "forward_passes": stats.forward_passes,
         "mean_prompt_tokens": sum(len(t.prompt_ids) for t in turns) / max(len(turns), 1),
+        "prefilled_tokens": stats.prompt_tokens,
+        "reused_tokens": stats.reused_tokens,
         "mean_response_tokens": tokens / max(len(turns), 1),
         "cpu_cores": cpu / wall,
     }

@@ -79,6 +79,8 @@ def bench_serve(
     long_tokens: int = 3000,
     short_tokens: int = 16,
     delay_s: float = 1.0,
+    prefix_cache_mb: float = 1024,
+    prefill_tokens: int = 512,
 ) -> dict[str, Any]:
     """Time ``requests`` chat completions through the HTTP server at each client count.
 
@@ -102,12 +104,18 @@ def bench_serve(
             context); 0 skips the test.
         short_tokens: Tokens of the short request sent behind it.
         delay_s: Seconds between the long request's first token and the short request.
+        prefix_cache_mb: The engine's prefix cache (0 turns prefix reuse off). It is
+            emptied before every level and before the head-of-line test, so no level
+            reuses the prompts of another (every level sends the same ones).
+        prefill_tokens: The engine's most prompt tokens per prefill pass.
 
     Returns:
         ``{"config": {...}, "levels": {c: {...}}, "ratios": {...}}``. Each level has
         ``clients``, ``requests``, ``wall_s``, ``requests_per_s``, ``completion_tokens``,
         ``tokens_per_s``, ``latency_mean_s``, ``latency_p50_s``, ``latency_p95_s``,
-        ``batches`` (admissions), ``mean_batch`` (rows per decode step), ``cpu_cores``
+        ``batches`` (prefill passes), ``mean_batch`` (rows per decode step),
+        ``prefilled_tokens`` and ``reused_tokens`` (prompt tokens prefilled, and reused
+        from the prefix cache), ``cpu_cores``
         and ``round_wall_s`` (every round's wall time). ``ratios`` compares the largest
         client count with the smallest (``requests_per_s`` and ``tokens_per_s``); it is
         empty when only one count ran. ``head_of_line`` (absent when ``long_tokens`` is
@@ -157,6 +165,7 @@ def bench_serve(
         runs, head = _measure(
             model, clients, requests, max_tokens, dtype, seed, rounds, on_request,
             (long_tokens, short_tokens, delay_s),
+            {"prefix_cache_mb": prefix_cache_mb, "prefill_tokens": prefill_tokens},
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous_threads)
@@ -180,6 +189,8 @@ def bench_serve(
             "rounds": rounds,
             "max_batch_size": max(*clients, 2),
             "torch_threads": used_threads,
+            "prefix_cache_mb": prefix_cache_mb,
+            "prefill_tokens": prefill_tokens,
         },
         "levels": levels,
         "ratios": ratios,
@@ -197,6 +208,7 @@ def _measure(
     rounds: int,
     on_request: Callable[[int], None] | None,
     head_of_line: tuple[int, int, float],
+    engine_options: dict[str, Any],
 ) -> tuple[dict[int, list[dict[str, Any]]], dict[str, Any] | None]:
     """Start the server, run every client count ``rounds`` times (alternating), then the
     head-of-line test."""
@@ -210,7 +222,9 @@ def _measure(
     runs: dict[int, list[dict[str, Any]]] = {count: [] for count in clients}
     batch = max(*clients, 2)  # the head-of-line test needs two rows
     with (
-        LocalEngine(lm, tokenizer, max_batch_size=batch, seed=seed, name=model) as engine,
+        LocalEngine(
+            lm, tokenizer, max_batch_size=batch, seed=seed, name=model, **engine_options
+        ) as engine,
         serve_in_thread(create_app(engine, model)) as url,
     ):
         warm = openai.OpenAI(base_url=url, api_key="bench", max_retries=0)
@@ -218,6 +232,7 @@ def _measure(
         for _ in range(rounds):
             for count in clients:
                 logger.info("bench serve: %d requests from %d client(s)", requests, count)
+                _forget_prefixes(engine)
                 level = _run_level(
                     engine, url, model, count, requests, max_tokens, seed, on_request
                 )
@@ -229,12 +244,19 @@ def _measure(
                 )  # fmt: skip
         head = None
         if head_of_line[0] > 0:
+            _forget_prefixes(engine)
             head = asyncio.run(_head_of_line(engine, url, model, seed, *head_of_line))
             logger.info(
                 "bench serve: %d-token request behind a %d-token one answered in %.2fs",
                 head["short_tokens"], head["long_tokens"], head["short_latency_s"],
             )  # fmt: skip
     return runs, head
+
+
+def _forget_prefixes(engine: Any) -> None:
+    """Empty the engine's prefix cache: a level must not reuse an earlier level's prompts."""
+    if engine.prefix_cache is not None:
+        engine.prefix_cache.clear()
 
 
 async def _run_level(
@@ -254,6 +276,7 @@ async def _run_level(
     tokens = 0
     stats = engine.stats
     batches, steps, rows = stats.batches, stats.steps, stats.step_rows
+    prefilled, reused = stats.prompt_tokens, stats.reused_tokens
 
     async def client(aclient: openai.AsyncOpenAI, indices: range) -> None:
         nonlocal tokens
@@ -291,6 +314,8 @@ async def _run_level(
         "latency_p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
         "batches": stats.batches - batches,
         "mean_batch": (stats.step_rows - rows) / max(stats.steps - steps, 1),
+        "prefilled_tokens": stats.prompt_tokens - prefilled,
+        "reused_tokens": stats.reused_tokens - reused,
         "cpu_cores": cpu / wall,
     }
 
@@ -357,12 +382,14 @@ def format_serve_report(result: dict[str, Any]) -> str:
     lines = [
         f"Serving: {cfg['requests']} chat completions (max_tokens={cfg['max_tokens']}) per "
         f"client count through the HTTP server, model {cfg['model']} ({cfg['dtype']}), "
-        f"engine max batch {cfg['max_batch_size']}, {cfg['torch_threads']} torch threads, "
+        f"engine max batch {cfg['max_batch_size']}, prefix cache "
+        f"{cfg.get('prefix_cache_mb', 0):g} MB, {cfg.get('prefill_tokens', '-')} prefill "
+        f"tokens per pass, {cfg['torch_threads']} torch threads, "
         f"seed {cfg['seed']}, fastest of {cfg['rounds']} round(s) per client count",
         "",
         "| clients | wall s | requests/s | tokens | tokens/s | latency mean s | p50 s | p95 s "
-        "| mean batch | CPU cores |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mean batch | prompt tokens prefilled / reused | CPU cores |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for level in result["levels"].values():
         lines.append(
@@ -370,6 +397,7 @@ def format_serve_report(result: dict[str, Any]) -> str:
             f"| {level['completion_tokens']} | {level['tokens_per_s']:.1f} "
             f"| {level['latency_mean_s']:.2f} | {level['latency_p50_s']:.2f} "
             f"| {level['latency_p95_s']:.2f} | {level['mean_batch']:.1f} "
+            f"| {level.get('prefilled_tokens', 0)} / {level.get('reused_tokens', 0)} "
             f"| {level['cpu_cores']:.2f} |"
         )
     ratios = result.get("ratios") or {}

@@ -3,49 +3,58 @@
 Everything here runs on the engine's worker thread and never touches an event loop. A
 :class:`RunningBatch` holds the sequences in flight and their key/value cache:
 
-1. Admission (:meth:`RunningBatch.admit`): the newcomers' prompts are left-padded to a
-   common length ``T`` (the attention mask hides the padding, ``position_ids`` count only
-   real tokens, so each row sees exactly what it would see alone) and prefilled in one
-   forward pass over ``(B_new, T)``, which gives their KV cache and the logits of their
-   first response token. Their cache then joins the running one: the shorter of the two
-   is left-padded with masked zero columns and the rows are concatenated. A request
-   therefore joins a running decode loop at its next step instead of waiting for it to
-   end. A constrained request's prompt is followed by the tokens all its choices share
-   (``<action>`` of ``<action>PASS</action>`` and ``<action>BET</action>``): they have
-   only one allowed value, log-prob 0, and need no decode step of their own.
-2. Step (:meth:`RunningBatch.step`): sample one token per row from its pending logits
+1. Admission (:meth:`RunningBatch.admit`) queues the newcomers. A constrained request's
+   prompt is followed by the tokens all its choices share (:mod:`~mage_rl.policy.forced`):
+   one allowed value each, log-prob 0, no decode step of their own.
+2. Prefill, at the start of every step (:mod:`mage_rl.policy.prefill`): each queued
+   prompt first takes the longest stored prefix it shares with an earlier sequence
+   (:mod:`mage_rl.policy.prefix_cache`); then, within ``prefill_tokens`` tokens, the
+   requests that fit are prefilled together in one forward pass (left-padded,
+   ``position_ids`` counting real tokens only, so each row sees exactly what it would
+   see alone), and a longer prompt gets one chunk of its own. The prefilled group's
+   cache joins the running one: the shorter of the two is left-padded with masked zero
+   columns and the rows are concatenated, so a request joins a running decode loop at
+   the next step instead of waiting for it to end.
+3. Step (:meth:`RunningBatch.step`): sample one token per row from its pending logits
    (:mod:`mage_rl.policy.sampling`, each row with its own generator), check EOS, stop
-   strings and the length limit, answer the rows that ended, drop them with their cache
-   rows (and the leading cache columns no remaining row attends to), and run ONE forward
-   pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it any more)
-   leaves before the next sample.
-3. Isolation: sampling, the per-token callback and the end checks run per row; an
+   strings and the length limit, answer the rows that ended (and store their sequence
+   in the prefix cache: a conversation's next call continues it), drop them with their
+   cache rows (and the leading cache columns no remaining row attends to), and run ONE
+   forward pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it
+   any more) leaves before the next sample.
+4. Isolation: sampling, the per-token callback and the end checks run per row; an
    exception there settles only its own request. A forward pass covers all its rows, so
    its failure fails them all (there is no partial result to keep); a failed prefill
-   fails only the newcomers.
-
-Sessions (a conversation's KV cache kept between turns) fit this loop: a request that
-brought the cache of its earlier turns would be prefilled on its new tokens only, on top
-of that cache, and merged like any newcomer, since merging takes caches of any length.
+   fails only the newcomers in it.
 
 Merging needs full-attention cache layers (``DynamicLayer``); for a model with sliding
-window layers :attr:`RunningBatch.mergeable` is False and newcomers wait until the batch
-is empty (static batching).
+window layers :attr:`RunningBatch.mergeable` is False: newcomers wait until the batch is
+empty (static batching), and prefixes are neither reused nor prefilled in chunks.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
+from mage_rl.policy.forced import complete_forced, take_forced
+from mage_rl.policy.prefill import (
+    pad_mask,
+    pad_time,
+    prefill_group,
+    remaining,
+    row_states,
+    sequence,
+)
+from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_row, sampling_logprobs
 from mage_rl.policy.tokenization import find_stop
@@ -63,6 +72,14 @@ class RunningBatch:
         pad_id: Id used for left padding (masked out, so its value does not matter).
         eos_ids: Ids that end a response; the EOS token is kept in ``response_ids``.
         stats: Counters updated in place.
+        prefix_cache: Where prefilled and finished sequences are stored and prompts look
+            up reusable prefixes; ``None`` prefills every prompt whole.
+        prefill_tokens: Most tokens prefilled in one forward pass; a longer prompt is
+            prefilled in chunks of this size, one per step.
+
+    Attributes:
+        rows: The requests being decoded, one per cache row.
+        queued: Admitted requests waiting for (the rest of) their prefill.
     """
 
     def __init__(
@@ -73,51 +90,50 @@ class RunningBatch:
         pad_id: int,
         eos_ids: set[int],
         stats: DecodeStats,
+        prefix_cache: PrefixCache | None = None,
+        prefill_tokens: int = 512,
     ) -> None:
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self.eos_ids = eos_ids
         self.stats = stats
         self.device = next(model.parameters()).device
-        self.mergeable = True
+        layers = DynamicCache(config=model.config).layers
+        self.mergeable = all(type(layer) is DynamicLayer for layer in layers)
+        # Sliding-window layers drop old columns: their states can be neither merged,
+        # reused, nor built up chunk by chunk.
+        self.prefix_cache = prefix_cache if self.mergeable else None
+        self.prefill_tokens = prefill_tokens if self.mergeable else 1 << 62
+        self.queued: deque[DecodeRequest] = deque()
         self._reset()
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.queued)
+
+    def requests(self) -> list[DecodeRequest]:
+        """Every request in the batch: decoding, then waiting for prefill."""
+        return [*self.rows, *self.queued]
 
     def can_admit(self) -> bool:
         """Whether newcomers can join now (always, unless the cache cannot be merged)."""
-        return not self.rows or self.mergeable
+        return not self or self.mergeable
 
     def admit(self, requests: list[DecodeRequest]) -> None:
-        """Prefill ``requests`` and add them to the batch; they sample at the next step."""
-        start = time.perf_counter()
-        # Counted up front: callers may read the stats as soon as a request resolves.
-        self.stats.batches += 1
+        """Queue ``requests`` for prefill; the next :meth:`step` prefills them (within
+        the token budget) and they sample in that step."""
         self.stats.requests += len(requests)
-        try:
+        for request in requests:
             # Tokens every allowed choice shares go into the prefill with the prompt.
-            fresh = [
-                r for r in requests if not self._isolated(r, self._force_prefix, r, failed=True)
-            ]
-            if not fresh:
-                return
-            try:
-                with torch.inference_mode():
-                    group = self._prefill(fresh)
-            except Exception as error:  # only the newcomers were in this forward pass
-                logger.exception("prefill of %d requests failed", len(fresh))
-                for request in fresh:
-                    self._fail(request, error)
-                return
-            self._merge(*group)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(self.rows))
-        finally:
-            self.stats.compute_seconds += time.perf_counter() - start
+            if not self._isolated(request, self._force_prefix, request, failed=True):
+                self.queued.append(request)
 
     def step(self) -> None:
         """Sample one token for every row, answer those that ended, decode the rest."""
+        if self.queued and (self.mergeable or not self.rows):
+            self._prefill_queued()
         start = time.perf_counter()
         try:
             self._keep([i for i, r in enumerate(self.rows) if not self._dropped(r)])
@@ -129,13 +145,14 @@ class RunningBatch:
                 drawn, logp = self._sample()
                 self.stats.generated_tokens += len(drawn)
                 self._report(drawn, logp)
-                keep = [
-                    i
-                    for i, (token, lp) in drawn.items()
-                    if not self._isolated(
-                        self.rows[i], self._advance, self.rows[i], token, lp, failed=True
+                keep, finished = [], []
+                for i, (token, lp) in drawn.items():
+                    ended = self._isolated(
+                        self.rows[i], self._advance, self.rows[i], token, lp, failed=None
                     )
-                ]
+                    (keep if ended is False else finished if ended else []).append(i)
+                for i in finished:
+                    self._store(i, sequence(self.rows[i]))
                 tokens = [drawn[i][0] for i in keep]
                 self._keep(keep)
                 if self.rows:
@@ -162,31 +179,100 @@ class RunningBatch:
         self.top_k = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,)
         self.top_p = torch.zeros(0, device=self.device)  # (B,)
 
-    def _prefill(self, requests: list[DecodeRequest]) -> tuple:
-        input_ids, mask = _left_pad(
-            [r.prompt_ids + r.response_ids for r in requests], self.pad_id, self.device
-        )  # (B, T), (B, T)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :]  # (B, V)
+    def _prefill_queued(self) -> None:
+        """Prefill queued requests within ``prefill_tokens`` tokens for this step.
+
+        Requests that fit whole are prefilled together, oldest first, and join the
+        batch. A request longer than the budget is prefilled in chunks, one per step,
+        and gets at least half of the budget; short requests that come after it take
+        the rest, so they do not wait for the whole long prefill.
+        """
+        start = time.perf_counter()
+        budget = self.prefill_tokens
+        for request in list(self.queued):
+            if self._dropped(request):
+                self.queued.remove(request)
+            elif not request.looked_up:
+                self._look_up(request)
+        long = next((r for r in self.queued if remaining(r) > budget), None)
+        room = budget - budget // 2 if long is not None else budget
+        group: list[DecodeRequest] = []
+        for request in self.queued:
+            need = remaining(request)
+            if request is not long and need <= room:
+                group.append(request)
+                room -= need
+                budget -= need
+        for request in group:
+            self.queued.remove(request)
+        try:
+            if group:
+                self._prefill_whole(group)
+            if long is not None and budget > 0:
+                self._prefill_chunk(long, budget)
+        finally:
+            self.stats.compute_seconds += time.perf_counter() - start
+
+    def _look_up(self, request: DecodeRequest) -> None:
+        request.looked_up = True
+        if self.prefix_cache is None or not self.mergeable:
+            return
+        reused, states = self.prefix_cache.lookup(sequence(request))
+        if reused:
+            request.prefix_len, request.prefix = reused, states
+            self.stats.reused_tokens += reused
+
+    def _prefill_whole(self, group: list[DecodeRequest]) -> None:
+        """Prefill the rest of every request in ``group`` in one pass; they join."""
+        ends = [len(sequence(r)) for r in group]
+        try:
+            with torch.inference_mode():
+                cache, mask, logits = prefill_group(self.model, group, ends, self.pad_id)
+        except Exception as error:  # only the newcomers were in this forward pass
+            logger.exception("prefill of %d requests failed", len(group))
+            for request in group:
+                self._fail(request, error)
+            return
+        self._count_prefill(group, ends)
+        self._merge(group, cache, mask, mask.sum(-1), logits)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(self.rows))
+        first = len(self.rows) - len(group)
+        for row, request in enumerate(group):
+            request.prefix = None  # the batch's cache holds them now
+            self._store(first + row, sequence(request))
+
+    def _prefill_chunk(self, request: DecodeRequest, tokens: int) -> None:
+        """Prefill the next ``tokens`` tokens of ``request`` alone; it stays queued."""
+        end = request.prefix_len + tokens
+        try:
+            with torch.inference_mode():
+                cache, mask, _ = prefill_group(self.model, [request], [end], self.pad_id)
+        except Exception as error:
+            logger.exception("prefill chunk failed")
+            self.queued.remove(request)
+            self._fail(request, error)
+            return
+        self._count_prefill([request], [end])
+        request.prefix, request.prefix_len = row_states(cache, mask, 0), end
+
+    def _count_prefill(self, group: list[DecodeRequest], ends: list[int]) -> None:
+        self.stats.batches += 1
         self.stats.forward_passes += 1
-        next_position = mask.sum(-1)  # (B,)
-        self.stats.prompt_tokens += int(next_position.sum())
-        vocab = logits.shape[-1]
-        # top_k >= V keeps every token, like 0; clamping keeps any huge value in int64.
-        sampling = (
-            torch.tensor([r.params.temperature for r in requests], device=self.device),
-            torch.tensor([min(r.params.top_k, vocab) for r in requests], device=self.device),
-            torch.tensor([r.params.top_p for r in requests], device=self.device),
-        )
-        return requests, cache, mask, next_position, logits, sampling
+        self.stats.prompt_tokens += sum(e - r.prefix_len for r, e in zip(group, ends, strict=True))
+
+    def _store(self, row: int, ids: list[int]) -> None:
+        """Put row ``row``'s cached states (of ``ids``' first tokens) in the prefix cache.
+
+        The last sampled token of a finished row never went through a forward pass: the
+        row's mask counts the tokens whose states the cache holds.
+        """
+        if self.prefix_cache is None or self.cache is None:
+            return
+        try:
+            states = row_states(self.cache, self.mask, row)
+            self.prefix_cache.store(ids[: int(self.mask[row].sum())], states)
+        except Exception:  # a cache is an optimisation: never fail a request for it
+            logger.warning("storing a prefix failed", exc_info=True)
 
     def _merge(
         self,
@@ -195,10 +281,15 @@ class RunningBatch:
         mask: torch.Tensor,
         next_position: torch.Tensor,
         logits: torch.Tensor,
-        sampling: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> None:
         """Add a prefilled group to the batch, left-padding the shorter cache."""
-        self.mergeable = all(type(layer) is DynamicLayer for layer in cache.layers)
+        vocab = logits.shape[-1]
+        # top_k >= V keeps every token, like 0; clamping keeps any huge value in int64.
+        sampling = (
+            torch.tensor([r.params.temperature for r in requests], device=self.device),
+            torch.tensor([min(r.params.top_k, vocab) for r in requests], device=self.device),
+            torch.tensor([r.params.top_p for r in requests], device=self.device),
+        )
         if not self.rows:
             self.rows, self.cache, self.mask = list(requests), cache, mask
             self.next_position, self.logits = next_position, logits
@@ -209,11 +300,9 @@ class RunningBatch:
         for ours, theirs in zip(self.cache.layers, cache.layers, strict=True):
             if not getattr(theirs, "is_initialized", False):
                 continue  # a layer that shares another's cache holds nothing of its own
-            ours.keys = torch.cat([_pad_time(ours.keys, width), _pad_time(theirs.keys, width)])
-            ours.values = torch.cat(
-                [_pad_time(ours.values, width), _pad_time(theirs.values, width)]
-            )
-        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+            ours.keys = torch.cat([pad_time(ours.keys, width), pad_time(theirs.keys, width)])
+            ours.values = torch.cat([pad_time(ours.values, width), pad_time(theirs.values, width)])
+        self.mask = torch.cat([pad_mask(self.mask, width), pad_mask(mask, width)])
         self.next_position = torch.cat([self.next_position, next_position])
         self.logits = torch.cat([self.logits, logits])
         self.temperature = torch.cat([self.temperature, sampling[0]])
@@ -356,7 +445,7 @@ class RunningBatch:
             return True
         if request.candidates is None:
             return False
-        for token in _take_forced(request):
+        for token in take_forced(request):
             if request.on_token is not None:
                 request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
         if not is_complete(request.candidates, request.response_ids):
@@ -380,7 +469,7 @@ class RunningBatch:
                 finish_reason = "stop"
             request._text_len = len(text)
         if request.candidates is not None:
-            _complete_forced(request)
+            complete_forced(request)
             if is_complete(request.candidates, request.response_ids):
                 finish_reason = "stop"
         if finish_reason is None and len(request.response_ids) >= request.max_new_tokens:
@@ -391,43 +480,6 @@ class RunningBatch:
             text = _decode(self.tokenizer, request.response_ids)
         _answer(request, finish_reason, text)
         return True
-
-
-def _pad_time(states: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad cached states ``(B, H, L, D)`` with zeros to ``(B, H, width, D)``."""
-    return F.pad(states, (0, 0, width - states.shape[-2], 0))
-
-
-def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad an attention mask ``(B, L)`` with zeros (masked) to ``(B, width)``."""
-    return F.pad(mask, (width - mask.shape[-1], 0))
-
-
-def _complete_forced(request: DecodeRequest) -> None:
-    """Once one choice is left, append its remaining tokens without forward passes.
-
-    Only then: a token appended in the middle of decoding would be missing from the KV
-    cache, while a finished request needs no further forward pass.
-    """
-    assert request.candidates is not None
-    prefix = request.response_ids
-    if sum(list(c[: len(prefix)]) == prefix for c in request.candidates) == 1:
-        _take_forced(request)
-
-
-def _take_forced(request: DecodeRequest) -> list[int]:
-    """Append tokens while only one is allowed next; return them.
-
-    Each such token is the only allowed one, so its restricted log-prob is exactly 0.
-    """
-    assert request.candidates is not None
-    taken = []
-    while len(allowed := allowed_next(request.candidates, request.response_ids)) == 1:
-        request.response_ids.append(allowed[0])
-        request.logprobs.append(0.0)
-        request.allowed.append([allowed[0]])
-        taken.append(allowed[0])
-    return taken
 
 
 def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:
@@ -446,16 +498,3 @@ def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     """The response text: special tokens (EOS) skipped, as the invariant requires."""
     return str(tokenizer.decode(ids, skip_special_tokens=True))
-
-
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad prompts into ``(B, T)`` ids and a ``(B, T)`` attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)

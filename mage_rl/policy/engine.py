@@ -18,6 +18,11 @@ them one at a time would leave the CPU or GPU mostly idle, so the engine batches
    running batch, so a short request never waits for a long one to finish.
 5. Cancellation: a request whose awaiting task is cancelled (a client that hung up)
    leaves the batch before its next token is drawn, so nobody pays for abandoned work.
+6. Prefix reuse and chunked prefill (:mod:`~mage_rl.policy.prefix_cache`,
+   :mod:`~mage_rl.policy.prefill`): a prompt that starts like a sequence seen before (a
+   shared system prompt, a conversation's earlier turns) prefills only its new tokens,
+   and a prompt longer than ``prefill_tokens`` is prefilled a chunk per step, so the
+   running requests keep decoding and short newcomers join meanwhile.
 
 Weights: every response is sampled from a single set of weights. The rule:
 :meth:`LocalEngine.update_weights` stops admissions, waits until the running batch is
@@ -29,9 +34,10 @@ Reproducibility: every request has its own ``torch.Generator``, seeded from
 ``SamplingParams.seed`` or, when that is ``None``, from the engine's seeded stream in
 arrival order. The random draws therefore do not depend on the batch a request lands in
 nor on when it joins. The logits can: padding and batch shape change floating-point
-reduction order in the last bits, which can flip a draw in rare cases. Same seed and same
-batch composition give bitwise-identical output; a different composition gives the same
-output almost always.
+reduction order in the last bits, which can flip a draw in rare cases, and so can a
+reused prefix or a chunk boundary (a prefill over other tokens). The same requests in the
+same order give bitwise-identical output; another batch composition or cache state gives
+the same output almost always.
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.constrained import choice_token_ids
 from mage_rl.policy.decoding import RunningBatch
+from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +96,19 @@ class LocalEngine:
             model's generation config (see
             :func:`~mage_rl.policy.tokenization.eos_token_ids`).
         name: Policy name reported in logs and chat-model metadata.
+        prefix_cache_mb: Memory for the keys and values of earlier sequences, whose
+            prefixes later prompts reuse instead of prefilling them again (shared system
+            prompts, a conversation's earlier turns; see
+            :mod:`~mage_rl.policy.prefix_cache`); 0 turns reuse off.
+        prefill_tokens: Most prompt tokens prefilled in one forward pass. A longer
+            prompt is prefilled in chunks, with a decode step of the running requests
+            between two chunks, so they keep streaming; smaller chunks mean smoother
+            latency for them and more passes for the long prompt.
 
     Attributes:
         model: The model being sampled from; the learner may read it.
         tokenizer: The tokenizer.
+        prefix_cache: The stored sequences (``None`` when reuse is off).
         weight_version: Incremented by every :meth:`update_weights`.
         stats: Lifetime counters (batches, forward passes, tokens).
     """
@@ -107,11 +124,18 @@ class LocalEngine:
         seed: int = 0,
         eos_token_ids: Sequence[int] | None = None,
         name: str | None = None,
+        prefix_cache_mb: float = 1024,
+        prefill_tokens: int = 512,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+        if prefix_cache_mb < 0 or prefill_tokens < 1:
+            raise ValueError(
+                f"prefix_cache_mb={prefix_cache_mb}, prefill_tokens={prefill_tokens}: give "
+                "prefix_cache_mb >= 0 (0 turns prefix reuse off) and prefill_tokens >= 1"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size if batched else 1
@@ -129,6 +153,10 @@ class LocalEngine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.weight_version = 0
         self.stats = DecodeStats()
+        self.prefix_cache = (
+            PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        )
+        self.prefill_tokens = prefill_tokens
         self._device = next(model.parameters()).device
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
@@ -260,6 +288,8 @@ class LocalEngine:
             try:
                 load_weights(self.model, state_dict, strict=strict)
                 self.weight_version += 1
+                if self.prefix_cache is not None:  # computed with the old weights
+                    self.prefix_cache.clear()
             finally:
                 with self._state:
                     self._updates_waiting -= 1
@@ -318,8 +348,9 @@ class LocalEngine:
     def _run(self) -> None:
         """Worker thread: run the loop; should it fail, close the engine and answer all."""
         batch = RunningBatch(
-            self.model, self.tokenizer, pad_id=self.pad_id, eos_ids=self.eos_ids, stats=self.stats
-        )
+            self.model, self.tokenizer, pad_id=self.pad_id, eos_ids=self.eos_ids,
+            stats=self.stats, prefix_cache=self.prefix_cache, prefill_tokens=self.prefill_tokens,
+        )  # fmt: skip
         waiting: deque[DecodeRequest] = deque()
         try:
             self._loop(batch, waiting)
@@ -327,7 +358,7 @@ class LocalEngine:
             logger.exception("engine %s worker stopped", self.name)
             with self._start_lock:
                 self._closed = True
-            for request in [*batch.rows, *waiting]:
+            for request in [*batch.requests(), *waiting]:
                 request.resolve(EngineClosedError(f"engine {self.name!r} failed: {error!r}"))
             self._fail_pending()
             self._set_busy(False)
@@ -424,41 +455,6 @@ class LocalEngine:
                 return
             if isinstance(item, DecodeRequest):
                 item.resolve(EngineClosedError(f"engine {self.name!r} closed before answering"))
-
-
-def load_weights(
-    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True
-) -> None:
-    """Copy ``state_dict`` into ``model``'s parameters, casting dtype and device.
-
-    Args:
-        model: The model to update in place.
-        state_dict: New tensors by parameter or buffer name.
-        strict: Require all parameters (tied duplicates excepted) and no unknown names.
-
-    Raises:
-        KeyError: On unknown names, or missing ones with ``strict``.
-    """
-    own = model.state_dict()
-    unknown = sorted(set(state_dict) - set(own))
-    if unknown:
-        raise KeyError(f"update_weights got names the model does not have: {unknown[:5]}")
-    if strict:
-        # A tied weight is one tensor under two names; providing either name suffices.
-        by_storage: dict[int, set[str]] = {}
-        for name, tensor in own.items():
-            by_storage.setdefault(tensor.data_ptr(), set()).add(name)
-        missing = sorted(
-            name
-            for name, tensor in own.items()
-            if name not in state_dict and not (by_storage[tensor.data_ptr()] & set(state_dict))
-        )
-        if missing:
-            raise KeyError(f"update_weights is missing {len(missing)} tensors: {missing[:5]}")
-    with torch.no_grad():
-        for name, tensor in state_dict.items():
-            target = own[name]
-            target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
 
 
 def _threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:

@@ -35,6 +35,11 @@ class DecodeRequest:
         candidates: Constrained decoding: the token ids of every allowed response
             (:mod:`mage_rl.policy.constrained`); ``None`` samples freely.
         allowed: With ``candidates``, the allowed token ids of every sampled position.
+        prefix_len: Leading tokens of the prompt whose keys and values are ready before
+            its (next) prefill pass: reused from the prefix cache, or computed by earlier
+            chunks of a chunked prefill.
+        prefix: Their per-layer states (:data:`~mage_rl.policy.prefix_cache.LayerStates`).
+        looked_up: Whether the prefix cache was consulted for this request.
     """
 
     prompt_ids: list[int]
@@ -50,6 +55,9 @@ class DecodeRequest:
     logprobs: list[float] = field(default_factory=list)
     candidates: list[list[int]] | None = None
     allowed: list[list[int]] = field(default_factory=list)
+    prefix_len: int = 0
+    prefix: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    looked_up: bool = False
     _text_len: int = 0
 
 
@@ -58,12 +66,15 @@ class DecodeStats:
     """Counters over the engine's lifetime, for logs, benchmarks and tests.
 
     Attributes:
-        batches: Admissions: groups of requests prefilled together (a group that arrives
-            while others decode joins them; see the module docstring).
+        batches: Prefill passes: groups of requests prefilled together (a group that
+            arrives while others decode joins them), and chunks of a chunked prefill.
         requests: Requests admitted.
-        forward_passes: Model forward passes (one per admission plus one per decode step).
+        forward_passes: Model forward passes (one per prefill pass plus one per decode
+            step).
         prompt_tokens: Real (unpadded) tokens prefilled: the prompts, and the tokens
-            every choice of a constrained request starts with.
+            every choice of a constrained request starts with, less the reused ones.
+        reused_tokens: Prompt tokens not prefilled: their keys and values came from the
+            prefix cache.
         generated_tokens: Tokens sampled (a constrained request's shared leading tokens
             and the rest of its choice once only one is left are taken, not sampled).
         largest_batch: Most requests decoded together.
@@ -78,6 +89,7 @@ class DecodeStats:
     requests: int = 0
     forward_passes: int = 0
     prompt_tokens: int = 0
+    reused_tokens: int = 0
     generated_tokens: int = 0
     largest_batch: int = 0
     steps: int = 0

@@ -41,6 +41,12 @@ DEFAULTS = {
     "serve": dict(
         model="smollm2", seed=0, json=None, threads=None, clients="1,16", requests=32,
         max_tokens=32, dtype="auto", rounds=1, long_tokens=3000, short_tokens=16, delay=1.0,
+        prefix_cache_mb=1024, prefill_tokens=512,
+    ),
+    "reuse": dict(
+        model="smollm2", seed=0, json=None, threads=None, meta_episodes=16,
+        env="kuhn_poker", episodes=3, max_tokens=32, dtype="auto", rounds=1,
+        layout="conversation",
     ),
     "textenvs": dict(variant=[], episodes=5, seed=0, json=None, threads=None),
     "adaptation": dict(

@@ -144,17 +144,23 @@ def test_eos_is_in_response_ids_but_not_in_text(fresh_tiny) -> None:
         assert_logprobs_match(model, generation, params[0])
 
 
-def test_same_seed_same_output_alone_and_in_the_same_batch(engine) -> None:
+def test_same_seed_same_output_alone_and_in_the_same_batch(tiny, engine) -> None:
     params = SamplingParams(max_tokens=20, seed=123)
-    first = engine.generate_sync(chat(5), params)
-    again = engine.generate_sync(chat(5), params)
-    assert first == again
-
     chats = [chat(n) for n in (2, 5, 9)]
     seeded = [SamplingParams(max_tokens=20, seed=s) for s in (1, 2, 3)]
-    batch_a = asyncio.run(gather(engine, chats, seeded))
-    batch_b = asyncio.run(gather(engine, chats, seeded))
-    assert batch_a == batch_b
+    # Without prefix reuse the same requests run the same computation: bitwise equal.
+    with LocalEngine(*tiny, max_batch_size=16, batch_wait_ms=20, prefix_cache_mb=0) as plain:
+        assert plain.generate_sync(chat(5), params) == plain.generate_sync(chat(5), params)
+        assert asyncio.run(gather(plain, chats, seeded)) == asyncio.run(
+            gather(plain, chats, seeded)
+        )
+    # With it, a repeat prefills only its last token: the same draws, log-probs equal up
+    # to floating-point reduction order.
+    first = engine.generate_sync(chat(5), params)
+    again = engine.generate_sync(chat(5), params)
+    assert engine.stats.reused_tokens > 0
+    assert first.response_ids == again.response_ids
+    assert torch.allclose(torch.tensor(first.logprobs), torch.tensor(again.logprobs), atol=1e-5)
     # Different seeds draw differently.
     assert (
         len({tuple(g.response_ids) for g in asyncio.run(gather(engine, [chat(5)] * 3, seeded))}) > 1
