@@ -120,6 +120,31 @@ class PolicyConfig(_Strict):
         "a legal action A, from the model's distribution restricted to those strings; the "
         "learner scores the same restricted distribution. Local engine only.",
     )
+    engine: Literal["local", "vllm"] = Field(
+        "local",
+        description="What samples rollouts: local, the batched transformers engine in this "
+        "process; vllm, a vLLM server that mage starts (from .venv-vllm on a CPU, see "
+        "docs/policy.md) and pushes the learner's weights to after every update. vLLM "
+        "samples faster with many concurrent meta-episodes; it cannot serve tiny, nor "
+        "constrained decoding.",
+    )
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> PolicyConfig:
+        if self.engine != "vllm":
+            return self
+        if self.model == "tiny" or self.model.startswith("tiny:"):
+            raise ValueError(
+                "policy.engine=vllm loads a model directory, and the tiny model exists only "
+                "in-process; use policy.model: smollm2 (or an HF path), or policy.engine: local"
+            )
+        if self.constrain_actions:
+            raise ValueError(
+                "policy.constrain_actions needs the allowed tokens of every position, which "
+                "vLLM does not return (its structured outputs accept any tokenization of a "
+                "choice); set policy.constrain_actions: false or policy.engine: local"
+            )
+        return self
 
 
 class RolloutConfig(_Strict):
