@@ -25,7 +25,7 @@ from rich.console import Console
 log = logging.getLogger(__name__)
 console = Console()
 
-BENCHMARKS = ("rollout", "learner", "serve", "adaptation", "identification")
+BENCHMARKS = ("rollout", "learner", "serve", "vllm", "adaptation", "identification")
 
 
 def apply_threads(threads: int | None) -> int:
@@ -106,6 +106,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         long_tokens=args.long_tokens,
         short_tokens=args.short_tokens,
         delay_s=args.delay,
+    )
+
+
+def _cmd_vllm(args: argparse.Namespace) -> int:
+    from mage_rl.bench.vllm import bench_vllm, format_vllm_report
+
+    return _measure(
+        args,
+        bench_vllm,
+        format_vllm_report,
+        model=args.model,
+        meta_episodes=args.meta_episodes,
+        episodes=args.episodes,
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        seed=args.seed,
+        engines=args.engines.split(","),
     )
 
 
@@ -247,7 +264,7 @@ def _add_study(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and its five benchmarks to the ``mage`` sub-command parser."""
+    """Add ``bench`` and its six benchmarks to the ``mage`` sub-command parser."""
     bench = sub.add_parser(
         "bench",
         help="benchmarks measured on this machine (ratios in one run)",
@@ -293,6 +310,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_decoding(p)
     _add_common(p)
     p.set_defaults(func=_cmd_serve)
+
+    p = benches.add_parser(
+        "vllm", help="Kuhn rollouts through a vLLM server vs the local engine (vLLM installed)"
+    )
+    _add_model(p)
+    p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
+    p.add_argument("--episodes", type=int, default=3, help="K")
+    p.add_argument("--max-tokens", type=int, default=48, help="new tokens per LLM call, at most")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--engines", default="vllm,local", help="engines to run, in this order")
+    _add_common(p)
+    p.set_defaults(func=_cmd_vllm)
 
     p = benches.add_parser(
         "adaptation",

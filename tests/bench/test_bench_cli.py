@@ -42,6 +42,10 @@ DEFAULTS = {
         model="smollm2", seed=0, json=None, threads=None, clients="1,16", requests=32,
         max_tokens=32, dtype="auto", rounds=1, long_tokens=3000, short_tokens=16, delay=1.0,
     ),
+    "vllm": dict(
+        model="smollm2", seed=0, json=None, threads=None, meta_episodes=16, episodes=3,
+        max_tokens=48, dtype="auto", engines="vllm,local",
+    ),
     "adaptation": dict(
         config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
         iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
