@@ -285,7 +285,7 @@ def vllm_command(
     log-probs of the distribution it sampled from, the convention of the local engine and
     of the learner; without it, rollouts through vLLM would record raw log-probs.
     """
-    from mage_rl.policy.vllm_engine import find_vllm_python, vllm_server_command
+    from mage_rl.policy.vllm_server import find_vllm_python, vllm_server_command
 
     return vllm_server_command(
         python or find_vllm_python() or "python", model_dir, host=host, port=port,
@@ -296,7 +296,7 @@ def vllm_command(
 def vllm_available() -> bool:
     """Whether a Python with vLLM is at hand (see
     :func:`~mage_rl.policy.vllm_engine.find_vllm_python`)."""
-    from mage_rl.policy.vllm_engine import find_vllm_python
+    from mage_rl.policy.vllm_server import find_vllm_python
 
     return find_vllm_python() is not None
 

@@ -41,7 +41,7 @@ def test_kuhn_meta_episode_ids_and_logprobs_match_a_teacher_forced_pass(
     graph = mage_graph(
         GraphOptions(num_episodes=3, stop_on_success=False, max_tokens=32, reflect_max_tokens=48)
     )
-    tasks = sample_tasks(Population.parse("kuhn_train"), 2, base_seed=3)
+    tasks = sample_tasks(Population.parse("kuhn_train"), 1, base_seed=3)
     records = asyncio.run(
         collect_rollouts(graph, llm, env_name="kuhn_poker", tasks=tasks, group_size=1, max_turns=3)
     )
