@@ -11,7 +11,9 @@ What it measures, per engine, in one process and one after the other:
    free sampling at temperature 1 and at most ``max_tokens`` new tokens per LLM call
    (play and reflect alike).
 3. Report wall time, meta-episodes per minute, generated tokens per second, LLM calls,
-   and the CPU time of this process over wall time (vLLM's own processes are not in it).
+   the CPU time of this process over wall time (vLLM's own processes are not in it), and
+   the machine's 1-minute load average when the rollouts end: on a shared machine a
+   load well above the cores in use says the figures are disturbed.
 
 Only one engine runs at a time: the vLLM server is stopped before the local engine
 starts, so neither competes with the other for the CPUs. The ratio vLLM / local of
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,8 +61,8 @@ def bench_vllm(
     Returns:
         ``{"config", "engines": {name: {...}}, "ratios"}``; each engine has ``start_s``,
         ``wall_s``, ``meta_episodes_per_min``, ``llm_calls``, ``generated_tokens``,
-        ``tokens_per_s``, ``mean_prompt_tokens``, ``mean_response_tokens`` and
-        ``cpu_cores``; ``ratios`` (vllm / local) is empty unless both ran.
+        ``tokens_per_s``, ``mean_prompt_tokens``, ``mean_response_tokens``,
+        ``cpu_cores`` and ``load_1min_after``; ``ratios`` (vllm / local) is empty unless both ran.
 
     Raises:
         ValueError: On an unknown engine, or ``meta_episodes`` below 1.
@@ -140,6 +143,7 @@ def _run_engine(
         )  # fmt: skip
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
+        load = os.getloadavg()[0]
     finally:
         engine.close()
     turns = [t for r in records for t in r.turns]
@@ -155,6 +159,7 @@ def _run_engine(
         "mean_prompt_tokens": sum(len(t.prompt_ids) for t in turns) / max(len(turns), 1),
         "mean_response_tokens": tokens / max(len(turns), 1),
         "cpu_cores": cpu / wall,
+        "load_1min_after": load,
     }
 
 
@@ -167,15 +172,15 @@ def format_vllm_report(result: dict[str, Any]) -> str:
         f"{cfg['layout']} layout), model {cfg['model']} ({cfg['dtype']}), seed {cfg['seed']}",
         "",
         "| engine | start s | wall s | meta-episodes/min | LLM calls | tokens | tokens/s "
-        "| mean prompt | mean response | mage CPU cores |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mean prompt | mean response | mage CPU cores | load after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m in result["engines"].items():
         lines.append(
             f"| {name} | {m['start_s']:.0f} | {m['wall_s']:.1f} | {m['meta_episodes_per_min']:.2f} "
             f"| {m['llm_calls']} | {m['generated_tokens']} | {m['tokens_per_s']:.1f} "
             f"| {m['mean_prompt_tokens']:.0f} | {m['mean_response_tokens']:.1f} "
-            f"| {m['cpu_cores']:.2f} |"
+            f"| {m['cpu_cores']:.2f} | {m.get('load_1min_after', float('nan')):.1f} |"
         )
     ratios = result.get("ratios") or {}
     if ratios:

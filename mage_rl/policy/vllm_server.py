@@ -92,6 +92,22 @@ def vllm_server_command(
     ]  # fmt: skip
 
 
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when mage dies (Linux ``PR_SET_PDEATHSIG``).
+
+    ``close()`` and ``atexit`` cover a normal exit and Ctrl-C; a SIGKILL or an unhandled
+    SIGTERM of mage runs neither, and would leave a server holding gigabytes of memory.
+    vLLM's server stops its engine processes when it gets SIGTERM. The signal follows the
+    *thread* that started the server, so servers are started from a thread that lives as
+    long as they do (the main thread, in mage's commands).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class VLLMServer:
     """vLLM's OpenAI server as a child process.
 
@@ -178,7 +194,7 @@ class VLLMServer:
         # Its own process group: close() stops vLLM's engine-core child processes too.
         self.process = subprocess.Popen(
             self.command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_stop_with_parent,
         )  # fmt: skip
         if out is not None:
             out.close()

@@ -41,7 +41,8 @@ class EngineActor:
 async def main(model_dir: str, requests: str, out: str) -> None:
     engine = AsyncLLM.from_engine_args(
         AsyncEngineArgs(model=model_dir, dtype="float32", logprobs_mode="processed_logprobs",
-                        max_num_seqs=4, max_model_len=2048, kv_cache_memory_bytes=1 << 30)
+                        max_num_seqs=4, max_model_len=2048, kv_cache_memory_bytes=1 << 30,
+                        enforce_eager=True)
     )  # fmt: skip
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

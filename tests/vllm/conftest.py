@@ -8,11 +8,17 @@ conversion, in fp32 so that the server's log-probs can be compared with the loca
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
-from mage_rl.policy.vllm_engine import VLLM_INSTALL_HINT, VLLMEngine, find_vllm_python
+from mage_rl.policy.vllm_engine import (
+    VLLM_ARGS_ENV,
+    VLLM_INSTALL_HINT,
+    VLLMEngine,
+    find_vllm_python,
+)
 
 MODEL = "smollm2"
 
@@ -22,6 +28,15 @@ VLLM = [
     pytest.mark.vllm,
     pytest.mark.skipif(find_vllm_python() is None, reason=f"no vLLM: {VLLM_INSTALL_HINT}"),
 ]
+
+
+@pytest.fixture(scope="package", autouse=True)
+def eager_vllm() -> Iterator[None]:
+    """Servers skip torch compilation: it takes minutes on a small CPU, and these tests
+    check what is sampled, not how fast (``mage bench vllm`` runs compiled)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(VLLM_ARGS_ENV, os.environ.get(VLLM_ARGS_ENV, "--enforce-eager"))
+        yield
 
 
 @pytest.fixture(scope="package")

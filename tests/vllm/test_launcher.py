@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -64,3 +68,49 @@ def test_config_refuses_what_vllm_cannot_do() -> None:
     assert PolicyConfig(model="smollm2", engine="vllm").engine == "vllm"
     with pytest.raises(ValueError, match="save_pretrained"):
         vllm_model_dir("tiny")
+
+
+def test_bench_vllm_runs_the_local_half_and_refuses_unknown_engines() -> None:
+    from mage_rl.bench.vllm import bench_vllm, format_vllm_report
+
+    result = bench_vllm(model="tiny", meta_episodes=2, episodes=1, max_tokens=4, engines=["local"])
+    local = result["engines"]["local"]
+    assert local["meta_episodes"] == 2 and local["llm_calls"] >= 2
+    assert 0 < local["mean_response_tokens"] <= 4  # play and reflect calls share the limit
+    assert result["ratios"] == {} and "| local |" in format_vllm_report(result)
+    with pytest.raises(ValueError, match="engines"):
+        bench_vllm(engines=["sglang"])
+
+
+def test_the_server_stops_when_mage_is_killed(tmp_path) -> None:
+    pid_file = tmp_path / "server.pid"
+    fake = tmp_path / "python"  # a "server" that never becomes healthy
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mage_rl.policy.vllm_server import VLLMServer; "
+         f"VLLMServer('/m', python={str(fake)!r}, startup_timeout=600).start()"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        parent.kill()  # SIGKILL: no atexit, no close()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while _alive(server_pid):
+            assert time.monotonic() < deadline, "the server outlived a killed mage"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has stopped
+    except FileNotFoundError:
+        return False

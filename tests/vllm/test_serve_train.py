@@ -43,7 +43,8 @@ def test_mage_serve_vllm_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "MAGE_API_KEY": "k3y"}
     cmd = [sys.executable, "-c", "from mage_rl.cli import main; raise SystemExit(main())",
-           "serve", "smollm2", "--engine", "vllm", "--port", str(port), "--dtype", "fp32"]  # fmt: skip
+           "serve", "smollm2", "--engine", "vllm", "--port", str(port), "--dtype", "fp32",
+           "--vllm-arg=--enforce-eager"]  # fmt: skip
     process = subprocess.Popen(cmd, env=env, start_new_session=True)
     root = f"http://127.0.0.1:{port}"
     try:
