@@ -72,7 +72,10 @@ def test_two_iterations_of_mage_train_sample_through_vllm(tmp_path) -> None:
     run = tmp_path / "kuhn_vllm"
     overrides = ["policy.engine=vllm", "policy.dtype=fp32", "rollout.tasks=2",
                  "rollout.group_size=2", "rollout.concurrency=4", "eval.tasks=0",
-                 "train.iterations=2", "learner.dtype=fp32"]  # fmt: skip
+                 "train.iterations=2", "learner.dtype=fp32",
+                 # Small micro-batches: a 49k-token vocabulary's logits over 8192 tokens
+                 # take gigabytes, and the vLLM server shares the machine's memory.
+                 "learner.micro_batch_tokens=1024"]  # fmt: skip
     args = ["train", str(CONFIG), "--run-dir", str(run), "--no-progress"]
     assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
