@@ -122,27 +122,19 @@ class PolicyConfig(_Strict):
     )
     engine: Literal["local", "vllm"] = Field(
         "local",
-        description="What samples rollouts: local, the batched transformers engine in this "
-        "process; vllm, a vLLM server that mage starts (from .venv-vllm on a CPU, see "
-        "docs/policy.md) and pushes the learner's weights to after every update. vLLM "
-        "samples faster with many concurrent meta-episodes; it cannot serve tiny, nor "
-        "constrained decoding.",
+        description="local: the batched engine in this process; vllm: a vLLM server that "
+        "mage starts (from .venv-vllm on a CPU) and pushes the weights to after every update "
+        "(docs/policy.md). Not with tiny, nor with constrain_actions.",
     )
 
     @model_validator(mode="after")
     def _check_engine(self) -> PolicyConfig:
-        if self.engine != "vllm":
-            return self
-        if self.model == "tiny" or self.model.startswith("tiny:"):
+        if self.engine == "vllm" and (self.model.split(":")[0] == "tiny" or self.constrain_actions):
             raise ValueError(
-                "policy.engine=vllm loads a model directory, and the tiny model exists only "
-                "in-process; use policy.model: smollm2 (or an HF path), or policy.engine: local"
-            )
-        if self.constrain_actions:
-            raise ValueError(
-                "policy.constrain_actions needs the allowed tokens of every position, which "
-                "vLLM does not return (its structured outputs accept any tokenization of a "
-                "choice); set policy.constrain_actions: false or policy.engine: local"
+                f"policy.engine=vllm with model={self.model!r}, constrain_actions="
+                f"{self.constrain_actions}: vLLM loads a directory (the tiny model exists only "
+                "in-process) and returns no allowed tokens per position (constrained decoding); "
+                "use smollm2 or an HF path, constrain_actions: false, or policy.engine: local"
             )
         return self
 
