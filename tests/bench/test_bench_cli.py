@@ -49,6 +49,10 @@ DEFAULTS = {
         layout="conversation",
     ),
     "textenvs": dict(variant=[], episodes=5, seed=0, json=None, threads=None),
+    "vllm": dict(
+        model="smollm2", seed=0, json=None, threads=None, meta_episodes=16, episodes=3,
+        max_tokens=48, dtype="auto", engines="vllm,local",
+    ),
     "adaptation": dict(
         config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
         iterations=60, minutes=None, pretrain=False, pretrain_batches=None,

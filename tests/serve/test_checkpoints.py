@@ -87,7 +87,8 @@ def test_serve_command_line() -> None:
 def test_vllm_command_serves_the_same_checkpoint() -> None:
     cmd = vllm_command("runs/kuhn/checkpoints/iter_000010/model", port=9000,
                        served_model_name="kuhn")  # fmt: skip
-    assert cmd[1:3] == ["serve", "runs/kuhn/checkpoints/iter_000010/model"]
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model",
+                        "runs/kuhn/checkpoints/iter_000010/model"]  # fmt: skip
     joined = " ".join(cmd)
     assert "--port 9000" in joined and "--host 127.0.0.1" in joined
     assert "--api-key" not in joined  # the key goes in VLLM_API_KEY, out of sight of ps
