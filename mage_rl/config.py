@@ -10,15 +10,13 @@ YAML syntax errors and duplicate keys are reported with the file and line.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mage_rl.cluster.settings import OpenRLHFSection
+from mage_rl.config_yaml import describe_error, parse_overrides, read_yaml, set_path
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.learner_config import LearnerConfig
@@ -243,110 +241,6 @@ def _with_plugins_loaded(data: Any) -> Any:
     return data
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = data
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"--set {dotted}: {key!r} is not a section")
-    node[keys[-1]] = value
-
-
-def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
-    """``["a.b=1", "c=x"]`` -> ``[("a.b", 1), ("c", "x")]``; values are read as YAML."""
-    out = []
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        out.append((key.strip(), yaml.safe_load(raw)))
-    return out
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (YAML 1.2 forbids
-    it; PyYAML would keep the last value silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key!r} appears twice in one section (lines {seen[key]} and "
-                    f"{line}); keep one",
-                    key_node.start_mark,
-                )
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    """The top-level mapping of a config file, or a ``ValueError`` naming file and line."""
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        context = getattr(exc, "context", None)
-        started = getattr(exc, "context_mark", None)
-        if context and started is not None:
-            context += f" started at line {started.line + 1}"
-        detail = f"{problem} ({context})" if context else problem
-        raise ValueError(f"{where}: not valid YAML: {detail}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if data is None:
-        raise ValueError(
-            f"{path} is empty; a config names at least its model, e.g. 'policy: {{model: "
-            "tiny}' (see configs/ for complete examples)"
-        )
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping of sections")
-    return data
-
-
-def _section_fields(cls: Any, loc: tuple[Any, ...]) -> list[str] | None:
-    """The field names of the section at ``loc`` inside ``cls``, if it is a section."""
-    for key in loc:
-        if isinstance(cls, type) and issubclass(cls, BaseModel):
-            field = cls.model_fields.get(str(key))
-            cls = field.annotation if field else None
-        elif dataclasses.is_dataclass(cls):
-            types = {f.name: f.type for f in dataclasses.fields(cls)}
-            cls = types.get(str(key))
-        else:
-            return None
-        if get_origin(cls) is not None:  # Optional[Section] and the like
-            cls = next((a for a in get_args(cls) if isinstance(a, type)), None)
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return list(cls.model_fields)
-    if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-    return None
-
-
-def _describe(err: Any, cls: type[BaseModel]) -> str:
-    loc = tuple(err["loc"])
-    where = ".".join(str(p) for p in loc) or "(config)"
-    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument") and loc:
-        valid = _section_fields(cls, loc[:-1])
-        if valid is not None:
-            section = ".".join(str(p) for p in loc[:-1]) or "the top level"
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            return f"  {where}: unknown key{hint} Valid keys of {section}: {', '.join(valid)}"
-    message = err["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    return f"  {where}: {message}"
-
-
 def load_config(
     path: str | Path | None, overrides: list[str] | None = None, cls: type[BaseModel] = RunConfig
 ) -> Any:
@@ -366,9 +260,9 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
-        data = _read_yaml(path)
+        data = read_yaml(path)
     for key, value in parse_overrides(overrides or []):
-        _set_path(data, key, value)
+        set_path(data, key, value)
     policy = data.get("policy")
     named = isinstance(policy, dict) and "model" in policy
     if path is not None and "policy" in cls.model_fields and not named:
@@ -381,7 +275,7 @@ def load_config(
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(err, cls) for err in exc.errors()]
+        lines = [describe_error(err, cls) for err in exc.errors()]
         source = f" in {path}" if path else ""
         raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None
 
@@ -411,8 +305,9 @@ class EvalSection(_Strict):
     top_p: float = Field(EVAL_TOP_P, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
     top_k: int = Field(EVAL_TOP_K, ge=0, description="Evaluation top-k (SPEC §6: 20).")
     before: bool = Field(
-        False, description="Also evaluate the untrained policy before iteration 1 (label "
-        "`untrained`), on the same tasks."
+        False,
+        description="Also evaluate the untrained policy before iteration 1 (label "
+        "`untrained`), on the same tasks.",
     )
     baselines: list[str] = Field(
         default_factory=list,
@@ -420,7 +315,8 @@ class EvalSection(_Strict):
         "model before iteration 1, on the same tasks and settings.",
     )
     stratify: bool = Field(
-        False, description="Stratified tasks: every opponent, seat and deal of the last "
+        False,
+        description="Stratified tasks: every opponent, seat and deal of the last "
         "episode alike (two-player card games; narrows the ev@k intervals).",
     )
 

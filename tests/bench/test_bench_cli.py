@@ -56,7 +56,8 @@ DEFAULTS = {
     "adaptation": dict(
         config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
         iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
-        pretrain_epochs=None, eval_every=10, out="runs/adaptation/adaptation.json",
+        pretrain_epochs=None, eval_every=10, model=None, layout=None,
+        out="runs/adaptation/adaptation.json",
         runs_dir=None, fresh=False,
     ),
     "identification": dict(
@@ -79,7 +80,7 @@ def test_each_benchmark_keeps_its_flags_and_defaults(what: str) -> None:
         (["learner", "--clients", "1,4"], "--clients"),
         (["rollout", "--samples", "4"], "--samples"),
         (["serve", "--iterations", "3"], "--iterations"),
-        (["adaptation", "--model", "tiny"], "--model"),
+        (["adaptation", "--clients", "1,4"], "--clients"),
         (["adaptation", "--json", "x.json"], "--json"),
         (["identification", "--methods", "mage"], "--methods"),
     ],

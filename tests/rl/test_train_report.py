@@ -54,5 +54,5 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
 def test_eval_settings_that_cannot_work_are_refused() -> None:
     with pytest.raises(ValueError, match="stop_on_success"):
         load_config(CONFIG, ["eval.stratify=true"], TrainConfig)
-    with pytest.raises(ValueError, match="planner"):
-        load_config(CONFIG, ["eval.baselines=[planner]"], TrainConfig)
+    with pytest.raises(ValueError, match="no_such_agent"):
+        load_config(CONFIG, ["eval.baselines=[no_such_agent]"], TrainConfig)
