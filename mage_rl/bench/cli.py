@@ -34,6 +34,7 @@ BENCHMARKS = (
     "adaptation",
     "identification",
     "reuse",
+    "layouts",
 )
 
 
@@ -89,6 +90,17 @@ def _cmd_reuse(args: argparse.Namespace) -> int:
         meta_episodes=args.meta_episodes, env=args.env, episodes=args.episodes,
         max_tokens=args.max_tokens, dtype=args.dtype, seed=args.seed, rounds=args.rounds,
         layout=args.layout,
+    )  # fmt: skip
+
+
+def _cmd_layouts(args: argparse.Namespace) -> int:
+    from mage_rl.bench.layouts import bench_layouts, format_layouts_report
+
+    return _measure(
+        args, bench_layouts, format_layouts_report, model=args.model, env=args.env,
+        prompt=args.prompt, constrain=args.constrain, meta_episodes=args.meta_episodes,
+        episodes=args.episodes, max_tokens=args.max_tokens, dtype=args.dtype, seed=args.seed,
+        repeats=args.repeats,
     )  # fmt: skip
 
 
@@ -333,6 +345,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_decoding(p)
     _add_common(p)
     p.set_defaults(func=_cmd_reuse)
+
+    p = benches.add_parser(
+        "layouts", help="re-rendered vs conversation layout: rollouts (reuse off/on) and learner"
+    )
+    _add_model(p)
+    p.add_argument("--env", default="kuhn_poker", choices=["kuhn_poker", "tic_tac_toe"])
+    p.add_argument("--prompt", default="compact", choices=["compact", "standard"])
+    p.add_argument(
+        "--constrain", action=argparse.BooleanOptionalAction, default=True,
+        help="constrained decoding of the action (--no-constrain: free answers)",
+    )  # fmt: skip
+    p.add_argument("--meta-episodes", type=int, default=8, help="concurrent meta-episodes")
+    p.add_argument("--episodes", type=int, default=3, help="K")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--repeats", type=int, default=1, help="timed learner updates per layout")
+    _add_common(p)
+    p.set_defaults(func=_cmd_layouts)
 
     p = benches.add_parser("learner", help="PPO update throughput, bf16 vs fp32 forward pass")
     _add_model(p)

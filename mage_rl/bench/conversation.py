@@ -249,7 +249,6 @@ def bench_conversation(
 
     from mage_rl.policy.models import load_model
     from mage_rl.rl.conversation import ConversationSample, Segment
-    from mage_rl.rl.learner import Learner, LearnerConfig
 
     if game not in OPPONENTS or prompt not in ("compact", "standard"):
         raise ValueError(
@@ -278,46 +277,10 @@ def bench_conversation(
         "re-rendered, response logits only": as_segments,
         "conversation": conversations,
     }
-    learners, batches, results = {}, {}, {}
-    for name, samples in layouts.items():
-        lm, _ = load_model(model, dtype="fp32")
-        config = LearnerConfig(
-            lr=1e-6,
-            kl_coef=kl_coef,
-            mini_batch_size=len(per_call),
-            micro_batch_tokens=micro_batch_tokens,
-            dtype=dtype,  # type: ignore[arg-type]
-            seed=seed,
-        )
-        learners[name] = Learner(lm, config)
-        old = learners[name].compute_logprobs(samples)
-        batches[name] = [s.with_old_logprobs(lp) for s, lp in zip(samples, old, strict=True)]
-        batch = batches[name]
-        results[name] = {
-            "samples": len(batch),
-            "calls": sum(s.num_calls for s in batch),
-            "tokens_per_meta_episode": sum(s.length for s in batch) / meta_episodes,
-            "longest_sequence": max(s.length for s in batch),
-            "repeat_s": [],
-        }
-    # Warm-up, then the timed updates alternate between the layouts, so that load from
-    # other processes falls on both alike.
-    for round_ in range(repeats + 1):
-        for name, learner in learners.items():
-            start = time.perf_counter()
-            stats = learner.update(batches[name])
-            elapsed = time.perf_counter() - start
-            if round_ == 0:
-                results[name]["warmup_s"] = elapsed
-                results[name]["trained_tokens_per_meta_episode"] = stats["tokens"] / meta_episodes
-                results[name]["steps"] = stats["steps"]
-            else:
-                results[name]["repeat_s"].append(elapsed)
-            logger.info("bench conversation %s round %d: %.1f s", name, round_, elapsed)
-    for d in results.values():
-        d["update_s"] = min(d["repeat_s"]) if d["repeat_s"] else d["warmup_s"]
-    del learners, batches
-    gc.collect()
+    results = time_updates(
+        model, layouts, meta_episodes, repeats=repeats, dtype=dtype, kl_coef=kl_coef,
+        micro_batch_tokens=micro_batch_tokens, seed=seed,
+    )  # fmt: skip
     rr, conv = results["re-rendered"], results["conversation"]
     lean = results["re-rendered, response logits only"]
     return {
@@ -343,6 +306,76 @@ def bench_conversation(
             "update_s_response_logits_only": lean["update_s"] / conv["update_s"],
         },
     }
+
+
+def time_updates(
+    model: str,
+    layouts: dict[str, list[Any]],
+    meta_episodes: int,
+    *,
+    repeats: int = 1,
+    dtype: str = "auto",
+    kl_coef: float = 0.1,
+    micro_batch_tokens: int = 8192,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Time one learner update per set of samples: a warm-up, then ``repeats`` timed ones.
+
+    Each set gets its own :class:`~mage_rl.rl.learner.Learner` on a fresh fp32 copy of
+    ``model`` (a mini-batch as large as the largest set, so one optimizer step per
+    update), its old log-probs recomputed by that learner. The updates alternate between the sets
+    (all warm-ups, then one timed update of each per round), so that load from other
+    processes falls on all alike.
+
+    Returns:
+        Per set: ``samples``, ``calls``, ``tokens_per_meta_episode`` (tokens fed to the
+        model), ``longest_sequence``, ``warmup_s``, ``trained_tokens_per_meta_episode``,
+        ``steps``, ``repeat_s`` and ``update_s`` (the fastest timed update, or the
+        warm-up when ``repeats`` is 0).
+    """
+    from mage_rl.policy.models import load_model
+    from mage_rl.rl.learner import Learner, LearnerConfig
+
+    learners, batches, results = {}, {}, {}
+    largest = max(len(samples) for samples in layouts.values())
+    for name, samples in layouts.items():
+        lm, _ = load_model(model, dtype="fp32")
+        config = LearnerConfig(
+            lr=1e-6,
+            kl_coef=kl_coef,
+            mini_batch_size=largest,
+            micro_batch_tokens=micro_batch_tokens,
+            dtype=dtype,  # type: ignore[arg-type]
+            seed=seed,
+        )
+        learners[name] = Learner(lm, config)
+        old = learners[name].compute_logprobs(samples)
+        batches[name] = [s.with_old_logprobs(lp) for s, lp in zip(samples, old, strict=True)]
+        batch = batches[name]
+        results[name] = {
+            "samples": len(batch),
+            "calls": sum(s.num_calls for s in batch),
+            "tokens_per_meta_episode": sum(s.length for s in batch) / meta_episodes,
+            "longest_sequence": max(s.length for s in batch),
+            "repeat_s": [],
+        }
+    for round_ in range(repeats + 1):
+        for name, learner in learners.items():
+            start = time.perf_counter()
+            stats = learner.update(batches[name])
+            elapsed = time.perf_counter() - start
+            if round_ == 0:
+                results[name]["warmup_s"] = elapsed
+                results[name]["trained_tokens_per_meta_episode"] = stats["tokens"] / meta_episodes
+                results[name]["steps"] = stats["steps"]
+            else:
+                results[name]["repeat_s"].append(elapsed)
+            logger.info("learner update, %s, round %d: %.1f s", name, round_, elapsed)
+    for d in results.values():
+        d["update_s"] = min(d["repeat_s"]) if d["repeat_s"] else d["warmup_s"]
+    del learners, batches
+    gc.collect()
+    return results
 
 
 def format_conversation_report(result: dict[str, Any]) -> str:

@@ -168,8 +168,13 @@ def rollout_setup(
     dtype: DType,
     seed: int,
     layout: str = "rerendered",
+    prompt: str = "standard",
+    constrain: bool = False,
 ) -> tuple[Any, Any, Any, Any, list[Any]]:
     """The run config, model, tokenizer, graph and tasks that a rollout benchmark plays.
+
+    ``prompt`` is the play prompt's style (``standard`` or ``compact``) and ``constrain``
+    turns constrained decoding of the action on.
 
     Raises:
         ValueError: On an environment that is not benchmarked, or a config the runtime
@@ -189,6 +194,7 @@ def rollout_setup(
                 "context": "reflection",
                 "stop_on_success": False,
                 "layout": layout,
+                "prompt": prompt,
             },
             "policy": {
                 "model": model,
@@ -196,6 +202,7 @@ def rollout_setup(
                 "temperature": 1.0,
                 "max_tokens": max_tokens,
                 "max_batch_size": meta_episodes,
+                "constrain_actions": constrain,
             },
             "rollout": {
                 "tasks": meta_episodes,
@@ -221,8 +228,12 @@ def _run_mode(
     seed: int,
     on_meta_episode: Callable[[str], None] | None,
     prefix_cache_mb: float = 1024,
+    records_out: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """Play the tasks once with an engine in ``mode``; the measurements of one mode."""
+    """Play the tasks once with an engine in ``mode``; the measurements of one mode.
+
+    The meta-episode records are appended to ``records_out`` when it is given.
+    """
     from mage_rl import runtime
     from mage_rl.policy.base import SamplingParams
     from mage_rl.policy.chat_model import PolicyChatModel
@@ -260,6 +271,8 @@ def _run_mode(
         wall = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
     stats = engine.stats  # final: leaving the block joined the worker
+    if records_out is not None:
+        records_out.extend(records)
     turns = [t for r in records for t in r.turns]
     tokens = sum(len(t.response_ids) for t in turns)
     model_s = stats.compute_seconds

@@ -48,6 +48,11 @@ DEFAULTS = {
         env="kuhn_poker", episodes=3, max_tokens=32, dtype="auto", rounds=1,
         layout="conversation",
     ),
+    "layouts": dict(
+        model="smollm2", seed=0, env="kuhn_poker", prompt="compact", constrain=True,
+        meta_episodes=8, episodes=3, max_tokens=32, dtype="auto", repeats=1, threads=None,
+        json=None,
+    ),
     "textenvs": dict(variant=[], episodes=5, seed=0, json=None, threads=None),
     "vllm": dict(
         model="smollm2", seed=0, json=None, threads=None, meta_episodes=16, episodes=3,
