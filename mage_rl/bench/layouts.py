@@ -96,7 +96,7 @@ def bench_layouts(
         )
     results: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[Any]] = {}
-    for layout in LAYOUTS:
+    for layout in reversed(LAYOUTS):  # the conversation first: its budget check is early
         cfg, lm, tokenizer, graph, tasks = rollout_setup(
             model, meta_episodes, env, episodes, max_tokens, dtype, seed, layout, prompt,
             constrain,
@@ -125,6 +125,8 @@ def bench_layouts(
         samples[layout] = samples_from_records(records, advantages)
         results[layout] = {"rollout": rollout}
         del lm, graph
+    results = {layout: results[layout] for layout in LAYOUTS}
+    samples = {layout: samples[layout] for layout in LAYOUTS}
     learner = time_updates(
         model, samples, meta_episodes, repeats=repeats, dtype=dtype, kl_coef=0.0,
         micro_batch_tokens=micro_batch_tokens, seed=seed,
