@@ -113,6 +113,11 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
             "train.backend=openrlhf, whose actor takes a fixed --actor.entropy_coef; set "
             "learner.entropy_target: 0 and a fixed learner.entropy_coef"
         )
+    if learner.lr_warmup_steps > 0:
+        raise ValueError(
+            "learner.lr_warmup_steps is not available with train.backend=openrlhf, whose "
+            "actor warms up by a share of all its steps; set learner.lr_warmup_steps: 0"
+        )
     if learner.kl_kind not in _KL:
         raise ValueError(f"learner.kl_kind={learner.kl_kind!r} has no OpenRLHF estimator")
     if learner.dtype == "fp32":

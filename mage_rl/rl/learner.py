@@ -401,6 +401,7 @@ class Learner(LearnerCheckpoints):
                 )
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
                 if math.isfinite(grad_norm):
+                    self._set_lr()
                     self.optimizer.step()
                     self.step += 1
                     result["steps"] += 1
@@ -421,12 +422,20 @@ class Learner(LearnerCheckpoints):
         free = weighted["free_frac"]
         result["entropy_free"] = weighted["entropy"] / free if free > 0 else 0.0
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        result["lr"] = float(self.optimizer.param_groups[0]["lr"])
         result["tokens"] = float(trained_tokens)
         result["tokens_per_s"] = seen_tokens / elapsed
         self._adapt_entropy_coef(
             result["entropy_free" if cfg.entropy_target_positions == "free" else "entropy"]
         )
         return result
+
+    def _set_lr(self) -> None:
+        """The learning rate of the next optimizer step (linear warm-up, then ``lr``)."""
+        warmup = self.config.lr_warmup_steps
+        lr = self.config.lr * min(1.0, (self.step + 1) / warmup) if warmup else self.config.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _adapt_entropy_coef(self, entropy: float) -> None:
         """One step of the adaptive entropy weight (``config.entropy_target``)."""

@@ -27,8 +27,14 @@ class LearnerConfig:
     """Optimization settings of the embedded learner.
 
     Attributes:
-        lr: AdamW learning rate, constant (paper: 1e-6 for Qwen3-4B full fine-tuning).
-            Small models and LoRA adapters tolerate and need larger values (1e-5..1e-4).
+        lr: AdamW learning rate, constant after the warm-up (paper: 1e-6 for Qwen3-4B
+            full fine-tuning). Small models and LoRA adapters tolerate and need larger
+            values (1e-5..1e-4).
+        lr_warmup_steps: Optimizer steps over which the learning rate rises linearly to
+            ``lr`` (step ``k``, counted from 0, uses ``lr * (k + 1) / lr_warmup_steps``);
+            0 starts at ``lr``. Adam's first steps move every weight by about ``lr``
+            whatever the gradient's size, so a warm-up keeps the first noisy batches
+            from pushing the policy far. The step count is saved with checkpoints.
         weight_decay: AdamW decoupled weight decay; 0 keeps the policy close to its
             initialization only through the KL term.
         betas: AdamW moment coefficients.
@@ -89,6 +95,7 @@ class LearnerConfig:
     """
 
     lr: float = 1e-6
+    lr_warmup_steps: int = 0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -128,6 +135,7 @@ class LearnerConfig:
             "entropy_coef_max",
             "max_grad_norm",
             "lora_dropout",
+            "lr_warmup_steps",
         )
         for name in non_negative:
             if getattr(self, name) < 0:

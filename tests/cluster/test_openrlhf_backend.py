@@ -74,6 +74,7 @@ def test_every_flag_is_one_openrlhf_knows(model_dir: Path, tmp_path: Path) -> No
         ("learner.dtype=fp32", "bf16"),
         ("policy.constrain_actions=true", "constrain_actions"),
         ("learner.entropy_target=0.05", "entropy_target"),
+        ("learner.lr_warmup_steps=2", "lr_warmup_steps"),
     ],
 )
 def test_settings_openrlhf_cannot_run_are_refused(

@@ -215,6 +215,40 @@ def test_adaptive_entropy_weight_follows_the_target(tmp_path: Path) -> None:
     assert fixed.entropy_coef == 0.3
 
 
+def test_learning_rate_warms_up_linearly_and_resumes_on_schedule(tmp_path: Path) -> None:
+    def record_lrs(learner: Learner) -> list[float]:
+        seen: list[float] = []
+        step = learner.optimizer.step
+
+        def spy(*args: object, **kwargs: object) -> object:
+            seen.append(learner.optimizer.param_groups[0]["lr"])
+            return step(*args, **kwargs)
+
+        learner.optimizer.step = spy  # type: ignore[method-assign]
+        return seen
+
+    config = fp32(lr=0.04, lr_warmup_steps=4, mini_batch_size=2, shuffle=False)
+    learner = Learner(make_model(), config)
+    samples = on_policy_samples(learner, [1.0, -1.0, 0.5, 2.0, -0.5, 1.5])
+    lrs = record_lrs(learner)
+    first = learner.update(samples)  # three optimizer steps
+    assert lrs == pytest.approx([0.01, 0.02, 0.03])
+    assert first["lr"] == pytest.approx(0.03)
+    learner.save(tmp_path / "ckpt")
+    restored = Learner(make_model(), config)
+    restored.load(tmp_path / "ckpt")
+    resumed = record_lrs(restored)
+    assert restored.update(samples)["lr"] == pytest.approx(0.04)
+    assert resumed == pytest.approx([0.04, 0.04, 0.04])
+    # Without a warm-up every step uses lr.
+    plain = Learner(make_model(), fp32(lr=0.04, mini_batch_size=2))
+    plain_lrs = record_lrs(plain)
+    plain.update(samples)
+    assert plain_lrs == pytest.approx([0.04] * 3)
+    with pytest.raises(ValueError, match="lr_warmup_steps"):
+        fp32(lr_warmup_steps=-1)
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_save_load_restores_model_optimizer_and_rng(tmp_path: Path, lora: bool) -> None:
     config = fp32(lr=1e-2, mini_batch_size=3, lora=lora, lora_r=4)
