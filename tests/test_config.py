@@ -44,7 +44,7 @@ def test_unknown_keys_list_the_valid_keys_of_their_section(tmp_path: Path) -> No
     assert "Valid keys of policy: model, dtype, temperature" in message
     # learner is a dataclass section; its keys are listed the same way.
     assert "learner.lrr: unknown key; did you mean 'lr'?" in message
-    assert "Valid keys of learner: lr, weight_decay" in message
+    assert "Valid keys of learner: lr, lr_warmup_steps, weight_decay" in message
 
 
 def test_an_unknown_section_lists_the_sections(tmp_path: Path) -> None:
