@@ -1,7 +1,8 @@
 """The ``mage serve`` sub-command.
 
-:func:`register` adds it to the ``mage`` parser (``mage_rl.cli._EXTRA_PARSERS``); the
-server modules are imported only when the command runs.
+:func:`register` adds it to the ``mage`` parser (``mage_rl.cli.build_parser`` calls it,
+as it does the ``eval`` and ``bench`` parsers); the server modules are imported only when
+the command runs.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model or trained checkpoint behind an OpenAI-compatible API",
         description="Serve MODEL_OR_CHECKPOINT (tiny, smollm2, an HF directory or .gguf, "
-        "a checkpoint runs/NAME/checkpoints/iter_N, or a run folder runs/NAME for its newest "
-        "checkpoint) on /v1/chat/completions, /v1/completions and /v1/models. Concurrent "
+        "a checkpoint such as runs/NAME/checkpoints/iter_000012, or a run folder runs/NAME "
+        "for its newest checkpoint) on /v1/chat/completions, /v1/completions and /v1/models. Concurrent "
         "requests share forward passes in the local batched engine; --engine vllm runs "
         "vLLM's OpenAI server on the same checkpoint instead (GPU, or CPU from the "
         ".venv-vllm environment of scripts/setup.sh vllm).",
