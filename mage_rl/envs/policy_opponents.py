@@ -12,8 +12,6 @@ oracles, which bound a game's Nash value with it (see :mod:`mage_rl.eval.game_or
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from functools import lru_cache
 from typing import Any
 
@@ -22,6 +20,7 @@ import pyspiel
 
 from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import Opponent
+from mage_rl.fileio import atomic_write_json
 
 PolicyTable = dict[str, list[tuple[int, float]]]
 
@@ -53,10 +52,8 @@ def solve_cfr_plus(game_name: str, iterations: int) -> PolicyTable:
     for state in decision_states(game):
         key = state.information_state_string(state.current_player())
         table[key] = [(int(a), float(p)) for a, p in average.get_state_policy(key)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(table, f, sort_keys=True)
-    os.replace(f.name, path)
+    # A cache: solving again is the cost of a lost write, so no fsync.
+    atomic_write_json(path, table, indent=None, fsync=False, sort_keys=True)
     return table
 
 
