@@ -31,15 +31,10 @@ the end-of-episode feedback, never added to the reward.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
-from mage_rl.envs.opponents import (
-    Opponent,
-    make_opponent,
-    register_opponent_factory,
-    register_population,
-)
+from mage_rl.envs.opponents import Opponent
+from mage_rl.envs.textworld_registry import make_variant_env, register_variants
 from mage_rl.envs.textworlds import (
     Reply,
     Simulator,
@@ -47,7 +42,6 @@ from mage_rl.envs.textworlds import (
     TaskVariant,
     import_simulator,
     make_pool,
-    parse_variant,
     short,
     task_text,
 )
@@ -299,24 +293,9 @@ class ScienceWorldEnv(SimulatorEnv):
         )
 
 
-def _factory(task: str) -> Any:
-    usage = f"{NAME}:{task}:{{train|dev|test}}[:easy]"
-
-    def build(args: Sequence[str]) -> Opponent:
-        return parse_variant(NAME, task, args, ("easy",), usage)
-
-    return build, usage
-
-
 def register_opponents() -> None:
     """Register every task's variants; called by :mod:`mage_rl.envs.builtins`."""
-    for task in TASKS:
-        build, usage = _factory(task)
-        register_opponent_factory(NAME, task, build, usage)
-    for preset, split in (("train", "train"), ("unseen", "test")):
-        register_population(
-            f"{NAME}_{preset}", ",".join(f"{NAME}:{t}:{split}=1" for t in FIND_TASKS)
-        )
+    register_variants(NAME, TASKS, "easy", preset_prefix=NAME, preset_tasks=FIND_TASKS)
 
 
 def make_scienceworld_env(
@@ -328,12 +307,6 @@ def make_scienceworld_env(
         ValueError: A spec of another task, an unknown task or split, or a seat other
             than 0.
     """
-    if seat != 0:
-        raise ValueError(
-            f"ScienceWorld is a single-agent task; its only seat is 0 (first), got {seat}"
-        )
-    if isinstance(variant, str):
-        variant = make_opponent(variant)
-    if not isinstance(variant, TaskVariant) or variant.env != NAME:
-        raise ValueError(f"{variant!r} is not a ScienceWorld variant; write {NAME}:TASK:SPLIT")
-    return ScienceWorldEnv(variant, max_turns=max_turns)
+    return make_variant_env(
+        ScienceWorldEnv, variant, seat, max_turns, env=NAME, title="ScienceWorld", task_word="TASK"
+    )

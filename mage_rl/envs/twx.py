@@ -25,15 +25,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
 from typing import Any
 
-from mage_rl.envs.opponents import (
-    Opponent,
-    make_opponent,
-    register_opponent_factory,
-    register_population,
-)
+from mage_rl.envs.opponents import Opponent
+from mage_rl.envs.textworld_registry import make_variant_env, register_variants
 from mage_rl.envs.textworlds import (
     Reply,
     Simulator,
@@ -41,7 +36,6 @@ from mage_rl.envs.textworlds import (
     TaskVariant,
     import_simulator,
     make_pool,
-    parse_variant,
     short,
     task_text,
 )
@@ -210,24 +204,11 @@ class TextWorldExpressEnv(SimulatorEnv):
         )
 
 
-def _factory(game: str) -> Any:
-    usage = f"{NAME}:{game}:{{train|dev|test}}[:small]"
-
-    def build(args: Sequence[str]) -> Opponent:
-        return parse_variant(NAME, game, args, ("small",), usage)
-
-    return build, usage
-
-
 def register_opponents() -> None:
     """Register every game's variants; called by :mod:`mage_rl.envs.builtins`."""
-    for game in GAMES:
-        build, usage = _factory(game)
-        register_opponent_factory(NAME, game, build, usage)
-    for preset, split in (("train", "train"), ("unseen", "test")):
-        register_population(
-            f"twx_{preset}", ",".join(f"{NAME}:{g}:{split}:small=1" for g in PRESET_GAMES)
-        )
+    register_variants(
+        NAME, GAMES, "small", preset_prefix="twx", preset_tasks=PRESET_GAMES, preset_option="small"
+    )
 
 
 def make_twx_env(
@@ -239,12 +220,7 @@ def make_twx_env(
         ValueError: A spec of another task, an unknown game or split, or a seat other
             than 0.
     """
-    if seat != 0:
-        raise ValueError(
-            f"TextWorld-Express is a single-agent task; its only seat is 0 (first), got {seat}"
-        )
-    if isinstance(variant, str):
-        variant = make_opponent(variant)
-    if not isinstance(variant, TaskVariant) or variant.env != NAME:
-        raise ValueError(f"{variant!r} is not a TextWorld-Express variant; write {NAME}:GAME:SPLIT")
-    return TextWorldExpressEnv(variant, max_turns=max_turns)
+    return make_variant_env(
+        TextWorldExpressEnv, variant, seat, max_turns,
+        env=NAME, title="TextWorld-Express", task_word="GAME",
+    )  # fmt: skip
