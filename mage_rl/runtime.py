@@ -71,14 +71,25 @@ def build_engine(policy: PolicyConfig, model: Any = None, tokenizer: Any = None)
 
 
 def chat_model(
-    engine: Any, *, temperature: float, top_p: float = 1.0, top_k: int = 0, max_tokens: int = 96
+    engine: Any,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_tokens: int = 96,
+    seed: int | None = None,
 ) -> Any:
-    """A LangChain chat model over a policy, with default sampling settings."""
+    """A LangChain chat model over a policy, with default sampling settings.
+
+    ``seed`` fixes the sampler seed of every call (benchmarks that must play the same
+    games in every mode); ``None`` lets each call draw its own.
+    """
     from mage_rl.policy.chat_model import PolicyChatModel
 
     return PolicyChatModel(
-        policy=engine, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens
-    )
+        policy=engine, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+        seed=seed,
+    )  # fmt: skip
 
 
 def rollout_chat_model(cfg: RunConfig, engine: Any) -> Any:

@@ -18,7 +18,7 @@ What it measures, per mode:
 The ratio batched / sequential of meta-episodes per minute and of tokens per second is
 the claim; absolute figures depend on the machine and on what else runs on it.
 
-Every LLM call samples with the same fixed seed (``PolicyChatModel(seed=...)``), so a
+Every LLM call samples with the same fixed seed (``runtime.chat_model(seed=...)``), so a
 response depends only on its prompt and both modes play the same games with the same
 number of calls and tokens, up to rare last-bit differences of padded batches (the
 report shows each mode's counts). Meta-episodes always play all ``episodes`` episodes
@@ -236,7 +236,6 @@ def _run_mode(
     """
     from mage_rl import runtime
     from mage_rl.policy.base import SamplingParams
-    from mage_rl.policy.chat_model import PolicyChatModel
     from mage_rl.policy.engine import LocalEngine
 
     batched = mode == "batched"
@@ -254,10 +253,9 @@ def _run_mode(
         name=f"{cfg.policy.model}-{mode}",
         prefix_cache_mb=prefix_cache_mb,
     ) as engine:
-        llm = PolicyChatModel(
-            policy=engine, temperature=cfg.policy.temperature, max_tokens=cfg.policy.max_tokens,
-            seed=seed,
-        )  # fmt: skip
+        llm = runtime.chat_model(
+            engine, temperature=cfg.policy.temperature, max_tokens=cfg.policy.max_tokens, seed=seed
+        )
         logger.info("bench rollout: %d meta-episodes, %s", len(tasks), mode)
         start, cpu_start = time.perf_counter(), time.process_time()
         records = runtime.run_rollouts(

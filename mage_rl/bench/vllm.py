@@ -124,7 +124,6 @@ def _run_engine(
     """Start one engine, warm it up, play the tasks once; its measurements."""
     from mage_rl import runtime
     from mage_rl.policy.base import SamplingParams
-    from mage_rl.policy.chat_model import PolicyChatModel
 
     policy = cfg.policy.model_copy(update={"engine": name})
     started = time.perf_counter()
@@ -132,8 +131,8 @@ def _run_engine(
     start_s = time.perf_counter() - started
     try:
         engine.generate_sync([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=4))
-        llm = PolicyChatModel(
-            policy=engine, temperature=1.0, max_tokens=cfg.policy.max_tokens, seed=seed
+        llm = runtime.chat_model(
+            engine, temperature=1.0, max_tokens=cfg.policy.max_tokens, seed=seed
         )
         logger.info("bench vllm: %d meta-episodes on the %s engine", len(tasks), name)
         wall0, cpu0 = time.perf_counter(), time.process_time()
