@@ -167,7 +167,7 @@ def run_method(
     Training stops after ``iterations``, or earlier once the rollout-and-update time
     reaches ``max_train_seconds`` (evaluation time is not counted); the run is then
     evaluated one last time and its final policy saved under
-    ``run_dir/checkpoints/iter_N``.
+    ``run_dir/checkpoints/iter_NNNNNN``.
     """
     from mage_rl import runtime
     from mage_rl.cluster.backends import trainer_class

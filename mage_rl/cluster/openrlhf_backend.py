@@ -24,7 +24,7 @@ Everything else is the local :class:`~mage_rl.rl.trainer.Trainer`: the same task
 metrics (``metrics.jsonl``, TensorBoard tags), periodic evaluation, the run folder and
 ``--resume``. Checkpoints are OpenRLHF's (DeepSpeed states under
 ``checkpoints/_actor/iter_NNNNNN`` and an HF copy ``checkpoints/iter_NNNNNN_hf``);
-``checkpoints/iter_N/model`` points at the HF copy, so every tool that reads a MAGE run
+``checkpoints/iter_NNNNNN/model`` points at the HF copy, so every tool that reads a MAGE run
 folder reads this one too. See docs/cluster.md.
 """
 

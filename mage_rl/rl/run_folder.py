@@ -190,7 +190,7 @@ def retire_checkpoints(
         saved: The iteration just saved; its checkpoint is always kept.
         keep: How many complete checkpoints to keep (``train.keep_checkpoints``).
         companions: Name suffixes of sibling folders that belong to a checkpoint
-            (``"_hf"`` for ``iter_N_hf``), retired after it.
+            (``"_hf"`` for ``iter_NNNNNN_hf``), retired after it.
 
     Returns:
         The checkpoint folders retired.

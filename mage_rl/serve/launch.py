@@ -4,7 +4,7 @@
 
 * a model spec of :func:`~mage_rl.policy.models.load_model` (``tiny``, ``smollm2``, an HF
   directory or a ``.gguf`` file);
-* a checkpoint of ``mage train``, ``runs/NAME/checkpoints/iter_N`` (its ``model/`` is
+* a checkpoint of ``mage train``, ``runs/NAME/checkpoints/iter_NNNNNN`` (its ``model/`` is
   served);
 * a run folder, ``runs/NAME`` (its newest complete checkpoint is served).
 
