@@ -34,15 +34,15 @@ def template_of(ctx: MetaEpisodeContext) -> ConversationTemplate:
     """The conversation template of the run's chat model (one per tokenizer).
 
     Raises:
-        ValueError: The chat model has no local tokenizer (a remote endpoint or another
-            LangChain model); the conversation layout needs the local engine.
+        ValueError: The chat model has no tokenizer (a remote endpoint or another
+            LangChain model); the conversation layout needs the local engine or vLLM.
     """
     tokenizer = getattr(getattr(ctx.llm, "policy", None), "tokenizer", None)
     if tokenizer is None:
         raise ValueError(
             "the conversation layout samples from token ids and needs a chat model over "
-            "the local engine (PolicyChatModel(policy=LocalEngine)); use the re-rendered "
-            "layout (meta.layout: rerendered) with this model"
+            "an engine with a tokenizer (PolicyChatModel over the local engine or "
+            "vLLM); use the re-rendered layout (meta.layout: rerendered) with this model"
         )
     # Keyed by id, with the tokenizer kept beside its template: an id can be reused once
     # a tokenizer is gone, and the identity check then builds a fresh template.

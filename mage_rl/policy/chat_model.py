@@ -115,7 +115,7 @@ class PolicyChatModel(BaseChatModel):
             if from_ids is None:
                 raise ValueError(
                     f"{type(self.policy).__name__} cannot sample from prompt ids; the "
-                    "conversation layout needs the local engine"
+                    "conversation layout needs the local engine or vLLM"
                 )
             generation = await from_ids([int(i) for i in prompt_ids], params)
         else:

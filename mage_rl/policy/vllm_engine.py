@@ -143,6 +143,7 @@ class VLLMEngine:
         self.work_dir = Path(tempfile.mkdtemp(prefix="mage-vllm-"))
         self.weights_dir = self.work_dir / "weights"
         self.weight_version = 0
+        self._tokenizer: Any = None
         self.dtype = vllm_dtype(dtype)
         args = ["--dtype", self.dtype, "--max-num-seqs", str(max_batch_size), "--seed", str(seed)]
         if max_model_len:
@@ -160,6 +161,17 @@ class VLLMEngine:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer, loaded here on first use: the conversation
+        layout renders and extends its chats with it and sends the ids
+        (:meth:`generate_from_ids`), so mage and vLLM read the same ids."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return self._tokenizer
 
     async def generate(
         self, messages: list[Message], params: SamplingParams | None = None

@@ -90,7 +90,7 @@ def test_the_layout_refuses_what_it_cannot_do() -> None:
         build_meta_episode_graph(options, policy=mage_graph().compiled)
     text_only = FakeListChatModel(responses=["<action>PASS</action>"])
     env = make_env("kuhn", "kuhn:aggressive", seat=0)
-    with pytest.raises(ValueError, match="needs a chat model over the local engine"):
+    with pytest.raises(ValueError, match="needs a chat model over an engine with a tokenizer"):
         asyncio.run(mage_graph(options).run(env, text_only, task_seed=1,
                                             opponent="kuhn_poker:aggressive"))  # fmt: skip
     with pytest.raises(ValueError, match="unknown layout"):

@@ -70,7 +70,8 @@ def test_mage_serve_vllm_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path)
 
 def test_two_iterations_of_mage_train_sample_through_vllm(tmp_path) -> None:
     run = tmp_path / "kuhn_vllm"
-    overrides = ["policy.engine=vllm", "policy.dtype=fp32", "rollout.tasks=2",
+    overrides = ["policy.engine=vllm", "policy.dtype=fp32", "policy.constrain_actions=false",
+                 "rollout.tasks=2",
                  "rollout.group_size=2", "rollout.concurrency=4", "eval.tasks=0",
                  "train.iterations=2", "learner.dtype=fp32",
                  # Small micro-batches: a 49k-token vocabulary's logits over 8192 tokens
