@@ -54,7 +54,7 @@ def bench_vllm(
         episodes: K, episodes per meta-episode (all are played).
         max_tokens: Response limit of every LLM call, play and reflect.
         dtype: ``auto``, ``bf16`` or ``fp32``, for both engines.
-        seed: Base seed of the task instances and of both engines.
+        seed: Base seed of the task instances (each LLM call draws its own sample).
         engines: Which of ``vllm`` and ``local`` to run, in this order.
         on_meta_episode: Called with the engine name when a meta-episode finishes.
 
@@ -94,9 +94,7 @@ def bench_vllm(
     options = dataclasses.replace(runtime.graph_options(cfg), reflect_max_tokens=max_tokens)
     graph = agent_graph(cfg.meta.agent, options)
     tasks = runtime.tasks_for(cfg, meta_episodes, base_seed=seed)
-    results = {
-        name: _run_engine(name, cfg, graph, tasks, seed, on_meta_episode) for name in engines
-    }
+    results = {name: _run_engine(name, cfg, graph, tasks, on_meta_episode) for name in engines}
     ratios = {}
     if len(results) == 2:
         for key in ("meta_episodes_per_min", "tokens_per_s"):
@@ -118,7 +116,6 @@ def _run_engine(
     cfg: Any,
     graph: Any,
     tasks: list[Any],
-    seed: int,
     on_meta_episode: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     """Start one engine, warm it up, play the tasks once; its measurements."""
@@ -131,9 +128,10 @@ def _run_engine(
     start_s = time.perf_counter() - started
     try:
         engine.generate_sync([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=4))
-        llm = runtime.chat_model(
-            engine, temperature=1.0, max_tokens=cfg.policy.max_tokens, seed=seed
-        )
+        # Every call draws its own sample (no fixed per-call seed): with one seed for all
+        # calls, an answer that leaves the game unchanged repeats itself exactly, and the
+        # engine's few distinct samples would set the response lengths being compared.
+        llm = runtime.chat_model(engine, temperature=1.0, max_tokens=cfg.policy.max_tokens)
         logger.info("bench vllm: %d meta-episodes on the %s engine", len(tasks), name)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         records = runtime.run_rollouts(

@@ -183,6 +183,13 @@ class VLLMServer:
             # On a CPU vLLM otherwise reserves 92% of the machine's memory and refuses to
             # start when less is free; its GPU backend ignores this variable.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        # On a CPU vLLM's automatic binding gives the model one logical CPU per physical
+        # core and keeps one core for its scheduler: on a 2-vCPU machine the model got a
+        # single CPU. Bind it to every CPU this process may use (the scheduler mostly
+        # waits); a GPU backend ignores the variable, and a value already set wins.
+        env.setdefault(
+            "VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+        )
         # The server runs in vLLM's own environment: a PYTHONPATH meant for this one
         # (a checkout's packages) must not shadow what is installed there.
         env.pop("PYTHONPATH", None)
