@@ -205,7 +205,7 @@ def run_evaluation(
                 bar_id = bars[(agent.label, env)]
 
                 def save(record: MetaEpisodeRecord, logfile=logfile, bar_id=bar_id) -> None:
-                    logfile.append(slim(record))
+                    logfile.append(record if cfg.keep_ids else slim(record))
                     bar.advance(bar_id)
                     if on_record is not None:
                         on_record(record)

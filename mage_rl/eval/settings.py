@@ -124,6 +124,11 @@ class EvalSettings:
         help="constrained decoding on play turns (local models), as policy.constrain_actions "
         "in training: evaluate a model trained with it the same way",
     )
+    keep_ids: bool = setting(
+        False,
+        help="keep every call's token ids and log-probs in records/*.jsonl (from the local "
+        "engine, or from an endpoint that returns them: vLLM, mage serve); default: text only",
+    )
 
 
 _TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float}

@@ -5,6 +5,7 @@ records can be trained on."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -79,3 +80,27 @@ def test_kuhn_meta_episode_through_the_endpoint_is_trainable(server) -> None:
     # The records go through the training pipeline's sample construction.
     samples = samples_from_records(records, compute_advantages(records))
     assert len(samples) == len(record.turns)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_mage_eval_over_the_endpoint_keeps_ids_on_request(server, tmp_path, keep) -> None:
+    from mage_rl.cli import main
+    from mage_rl.eval.run_folder import records_path
+
+    argv = ["eval", "--agent", "react=endpoint", "--endpoint", server.url]
+    argv += ["--endpoint-model", MODEL, "--n", "2", "--max-tokens", "16", "--no-progress"]
+    argv += ["--keep-ids" if keep else "--no-keep-ids", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    lines = records_path(tmp_path, "react", "kuhn_poker").read_text().splitlines()
+    turns = [t for line in lines for t in json.loads(line)["turns"]]
+    assert turns
+    tokenizer = server.engine.tokenizer
+    for turn in turns:
+        if keep:
+            # What the server returned: the prompt it rendered, the sampled ids and their
+            # log-probs, consistent with the recorded text.
+            assert turn["prompt_ids"] == render_prompt(tokenizer, turn["prompt_text"])
+            assert turn["response_ids"] and len(turn["logprobs"]) == len(turn["response_ids"])
+            assert tokenizer.decode(turn["response_ids"], skip_special_tokens=True) == turn["text"]
+        else:
+            assert turn["prompt_ids"] == turn["response_ids"] == turn["logprobs"] == []
