@@ -1,7 +1,7 @@
 """Real vLLM servers on this machine's CPU (``-m vllm``), started from ``.venv-vllm``.
 
 Every test here is marked ``vllm`` (``pytestmark = VLLM``): the default run deselects them (they take minutes),
-``.ci/run`` runs them with ``pytest -m vllm``, and they skip, saying how to install vLLM,
+``.ci/run`` runs them with ``pytest -m vllm -n 0`` (one server at a time), and they skip, saying how to install vLLM,
 where no Python with vLLM is found. The model is SmolLM2-135M from its cached HF
 conversion, in fp32 so that the server's log-probs can be compared with the local model's.
 """
