@@ -15,6 +15,7 @@ so ``mage --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -64,128 +65,36 @@ def apply_threads(threads: int | None) -> int:
 # -- commands ----------------------------------------------------------------------------
 
 
-def _cmd_rollout(args: argparse.Namespace) -> int:
-    from mage_rl.bench.rollout import bench_rollout, format_rollout_report
+def _throughput(name: str, *flags: str, **derived: Callable[[argparse.Namespace], Any]):
+    """The command of the throughput benchmark ``mage_rl.bench.<name>``.
 
-    return _measure(
-        args,
-        bench_rollout,
-        format_rollout_report,
-        model=args.model,
-        meta_episodes=args.meta_episodes,
-        env=args.env,
-        episodes=args.episodes,
-        max_tokens=args.max_tokens,
-        dtype=args.dtype,
-        seed=args.seed,
-        rounds=args.rounds,
-    )
+    It calls ``bench_<name>`` with the parsed ``flags`` (argparse destinations that are
+    the function's keywords) and the ``derived`` keywords (computed from the parsed
+    arguments), under ``--threads``, prints ``format_<name>_report`` and saves ``--json``.
+    """
 
+    def run(args: argparse.Namespace) -> int:
+        module = importlib.import_module(f"mage_rl.bench.{name}")
+        settings = {flag: getattr(args, flag) for flag in flags}
+        settings.update({key: compute(args) for key, compute in derived.items()})
+        started = time.time()
+        apply_threads(args.threads)
+        result = getattr(module, f"bench_{name}")(**settings)
+        print(getattr(module, f"format_{name}_report")(result))
+        _save(args, result, started)
+        return 0
 
-def _cmd_reuse(args: argparse.Namespace) -> int:
-    from mage_rl.bench.reuse import bench_reuse, format_reuse_report
-
-    return _measure(
-        args, bench_reuse, format_reuse_report, model=args.model,
-        meta_episodes=args.meta_episodes, env=args.env, episodes=args.episodes,
-        max_tokens=args.max_tokens, dtype=args.dtype, seed=args.seed, rounds=args.rounds,
-        layout=args.layout,
-    )  # fmt: skip
+    return run
 
 
-def _cmd_layouts(args: argparse.Namespace) -> int:
-    from mage_rl.bench.layouts import bench_layouts, format_layouts_report
-
-    return _measure(
-        args, bench_layouts, format_layouts_report, model=args.model, env=args.env,
-        prompt=args.prompt, constrain=args.constrain, meta_episodes=args.meta_episodes,
-        episodes=args.episodes, max_tokens=args.max_tokens, dtype=args.dtype, seed=args.seed,
-        repeats=args.repeats,
-    )  # fmt: skip
+_MODEL = ("model", "seed")
+_DECODING = ("max_tokens", "dtype", "rounds")
 
 
-def _cmd_learner(args: argparse.Namespace) -> int:
-    from mage_rl.bench.learner import bench_learner, format_learner_report
+def _textenv_specs(args: argparse.Namespace) -> list[str]:
+    from mage_rl.bench.textenvs import DEFAULT_SPECS
 
-    return _measure(
-        args,
-        bench_learner,
-        format_learner_report,
-        model=args.model,
-        samples=args.samples,
-        prompt_len=args.prompt_len,
-        response_len=args.response_len,
-        seed=args.seed,
-        repeats=args.repeats,
-    )
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from mage_rl.bench.serve import bench_serve, format_serve_report
-
-    return _measure(
-        args,
-        bench_serve,
-        format_serve_report,
-        model=args.model,
-        clients=[int(c) for c in args.clients.split(",")],
-        requests=args.requests,
-        max_tokens=args.max_tokens,
-        dtype=args.dtype,
-        seed=args.seed,
-        rounds=args.rounds,
-        threads=args.threads,
-        long_tokens=args.long_tokens,
-        short_tokens=args.short_tokens,
-        delay_s=args.delay,
-        prefix_cache_mb=args.prefix_cache_mb,
-        prefill_tokens=args.prefill_tokens,
-    )
-
-
-def _cmd_textenvs(args: argparse.Namespace) -> int:
-    from mage_rl.bench.textenvs import DEFAULT_SPECS, bench_textenvs, format_textenvs_report
-
-    return _measure(
-        args,
-        bench_textenvs,
-        format_textenvs_report,
-        specs=args.variant or list(DEFAULT_SPECS),
-        episodes=args.episodes,
-        seed=args.seed,
-    )
-
-
-def _cmd_vllm(args: argparse.Namespace) -> int:
-    from mage_rl.bench.vllm import bench_vllm, format_vllm_report
-
-    return _measure(
-        args,
-        bench_vllm,
-        format_vllm_report,
-        model=args.model,
-        meta_episodes=args.meta_episodes,
-        episodes=args.episodes,
-        max_tokens=args.max_tokens,
-        dtype=args.dtype,
-        seed=args.seed,
-        engines=args.engines.split(","),
-    )
-
-
-def _measure(
-    args: argparse.Namespace,
-    bench: Callable[..., dict[str, Any]],
-    report: Callable[[dict[str, Any]], str],
-    **settings: Any,
-) -> int:
-    """Run a throughput benchmark with ``--threads``, print its report, save ``--json``."""
-    started = time.time()
-    apply_threads(args.threads)
-    result = bench(**settings)
-    print(report(result))
-    _save(args, result, started)
-    return 0
+    return args.variant or list(DEFAULT_SPECS)
 
 
 def _cmd_adaptation(args: argparse.Namespace) -> int:
@@ -334,7 +243,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=3, help="K")
     _add_decoding(p)
     _add_common(p)
-    p.set_defaults(func=_cmd_rollout)
+    p.set_defaults(
+        func=_throughput("rollout", *_MODEL, *_DECODING, "meta_episodes", "env", "episodes")
+    )
 
     p = benches.add_parser("reuse", help="rollout time with and without KV prefix reuse")
     _add_model(p)
@@ -344,7 +255,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layout", default="conversation", choices=["conversation", "rerendered"])
     _add_decoding(p)
     _add_common(p)
-    p.set_defaults(func=_cmd_reuse)
+    p.set_defaults(
+        func=_throughput("reuse", *_MODEL, *_DECODING, "meta_episodes", "env", "episodes", "layout")
+    )
 
     p = benches.add_parser(
         "layouts", help="re-rendered vs conversation layout: rollouts (reuse off/on) and learner"
@@ -362,7 +275,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     p.add_argument("--repeats", type=int, default=1, help="timed learner updates per layout")
     _add_common(p)
-    p.set_defaults(func=_cmd_layouts)
+    p.set_defaults(
+        func=_throughput(
+            "layouts",
+            *_MODEL,
+            "env",
+            "prompt",
+            "constrain",
+            "meta_episodes",
+            "episodes",
+            "max_tokens",
+            "dtype",
+            "repeats",
+        )  # fmt: skip
+    )
 
     p = benches.add_parser("learner", help="PPO update throughput, bf16 vs fp32 forward pass")
     _add_model(p)
@@ -371,7 +297,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--response-len", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
     _add_common(p)
-    p.set_defaults(func=_cmd_learner)
+    p.set_defaults(
+        func=_throughput("learner", *_MODEL, "samples", "prompt_len", "response_len", "repeats")
+    )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")
     _add_model(p)
@@ -390,7 +318,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-tokens", type=int, default=512, help="most tokens per prefill")
     _add_decoding(p)
     _add_common(p)
-    p.set_defaults(func=_cmd_serve)
+    p.set_defaults(
+        func=_throughput(
+            "serve",
+            *_MODEL,
+            *_DECODING,
+            "requests",
+            "threads",
+            "long_tokens",
+            "short_tokens",
+            "prefix_cache_mb",
+            "prefill_tokens",
+            clients=lambda a: [int(c) for c in a.clients.split(",")],
+            delay_s=lambda a: a.delay,
+        )  # fmt: skip
+    )
 
     p = benches.add_parser(
         "textenvs",
@@ -409,7 +351,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=5, help="seeds per variant")
     p.add_argument("--seed", type=int, default=0, help="first task seed")
     _add_common(p)
-    p.set_defaults(func=_cmd_textenvs)
+    p.set_defaults(func=_throughput("textenvs", "episodes", "seed", specs=_textenv_specs))
 
     p = benches.add_parser(
         "vllm", help="Kuhn rollouts through a vLLM server vs the local engine (vLLM installed)"
@@ -421,7 +363,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     p.add_argument("--engines", default="vllm,local", help="engines to run, in this order")
     _add_common(p)
-    p.set_defaults(func=_cmd_vllm)
+    p.set_defaults(
+        func=_throughput(
+            "vllm",
+            *_MODEL,
+            "meta_episodes",
+            "episodes",
+            "max_tokens",
+            "dtype",
+            engines=lambda a: a.engines.split(","),
+        )  # fmt: skip
+    )
 
     p = benches.add_parser(
         "adaptation",

@@ -116,3 +116,43 @@ def test_threads_below_one_are_refused(what: str, tmp_path, capsys) -> None:
     assert main(["bench", what, "--threads", "0", *target]) == 2
     assert "--threads 0: give a thread count >= 1" in capsys.readouterr().out
     assert not out.exists()
+
+
+THROUGHPUT = ("rollout", "reuse", "layouts", "learner", "serve", "textenvs", "vllm")
+
+
+@pytest.mark.parametrize("what", THROUGHPUT)
+def test_each_throughput_command_calls_its_benchmark_with_its_own_keywords(
+    what: str, monkeypatch, capsys
+) -> None:
+    """The command hands ``bench_<what>`` keywords its signature takes, none missing."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"mage_rl.bench.{what}")
+    real = getattr(module, f"bench_{what}")
+    seen: dict = {}
+
+    def record(**settings):
+        inspect.signature(real).bind(**settings)  # TypeError on a keyword it lacks
+        seen.update(settings)
+        return {"recorded": True}
+
+    monkeypatch.setattr(module, f"bench_{what}", record)
+    monkeypatch.setattr(module, f"format_{what}_report", lambda result: f"report {result}")
+    assert main(["bench", what]) == 0
+    assert "report {'recorded': True}" in capsys.readouterr().out
+    required = {
+        name
+        for name, p in inspect.signature(real).parameters.items()
+        if p.default is inspect.Parameter.empty and p.kind is p.KEYWORD_ONLY
+    }
+    assert required <= set(seen)
+    if what == "serve":
+        assert seen["clients"] == [1, 16] and seen["delay_s"] == 1.0
+    if what == "textenvs":
+        from mage_rl.bench.textenvs import DEFAULT_SPECS
+
+        assert seen["specs"] == list(DEFAULT_SPECS)
+    if what == "vllm":
+        assert seen["engines"] == ["vllm", "local"]
