@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mage_rl.envs.parsing import extract_action
+
 Outcome = Literal["won", "lost", "draw", "unfinished"]
 Protocol = Literal["replay", "fresh"]
 PROTOCOLS: tuple[str, ...] = ("replay", "fresh")
@@ -59,6 +61,9 @@ class StepResult:
     info: StepInfo
 
 
+NO_ACTION_TAG = "no <action>...</action> tag found in the response"
+
+
 class TextEnv(ABC):
     """A turn-based task the agent plays through text.
 
@@ -75,6 +80,21 @@ class TextEnv(ABC):
     max_turns: int
     invalid_penalty: float
     length_penalty: float
+    turns: int = 0
+    done: bool = False
+
+    def _start_step(self, response: str, *, started: bool) -> tuple[StepInfo, str | None]:
+        """The common start of :meth:`step`: refuse an episode that is over or was never
+        ``started``, count the turn, and read the answer's action tag.
+
+        Returns:
+            A fresh :class:`StepInfo` and the tag's content (``None`` without a tag: the
+            turn is invalid with :data:`NO_ACTION_TAG` as its reason).
+        """
+        if self.done or not started:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.turns += 1
+        return StepInfo(), extract_action(response)
 
     @abstractmethod
     def reset(self, seed: int) -> str:

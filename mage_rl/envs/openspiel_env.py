@@ -18,6 +18,7 @@ import pyspiel
 
 from mage_rl.envs.base import (
     LOSS_REWARD,
+    NO_ACTION_TAG,
     WIN_REWARD,
     Outcome,
     StepInfo,
@@ -26,7 +27,6 @@ from mage_rl.envs.base import (
     derive_seed,
 )
 from mage_rl.envs.opponents import Opponent
-from mage_rl.envs.parsing import extract_action
 
 
 @dataclass
@@ -179,14 +179,10 @@ class OpenSpielEnv(TextEnv):
         return self._initial_observation
 
     def step(self, response: str) -> StepResult:
-        if self.done or self.state is None:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
-        self.turns += 1
-        info = StepInfo()
-        content = extract_action(response)
+        info, content = self._start_step(response, started=self.state is not None)
         parsed: int | str
         if content is None:
-            parsed = "no <action>...</action> tag found in the response"
+            parsed = NO_ACTION_TAG
         else:
             parsed = self.rules.parse(content, self.state, self.seat)
         if isinstance(parsed, str):

@@ -27,8 +27,8 @@ import re
 from collections.abc import Sequence
 
 from mage_rl.envs.base import (
+    NO_ACTION_TAG,
     WIN_REWARD,
-    StepInfo,
     StepResult,
     TaskText,
     TextEnv,
@@ -36,7 +36,6 @@ from mage_rl.envs.base import (
     derive_seed,
 )
 from mage_rl.envs.opponents import Opponent, make_opponent, register_opponent_factory
-from mage_rl.envs.parsing import extract_action
 from mage_rl.envs.sokoban_room import MOVES, Cell, Room, generate_room
 
 NAME = "sokoban"
@@ -208,16 +207,8 @@ class SokobanEnv(TextEnv):
         return self._initial_observation
 
     def step(self, response: str) -> StepResult:
-        if self.done or self.room is None:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
-        self.turns += 1
-        info = StepInfo()
-        content = extract_action(response)
-        parsed = (
-            parse_moves(content)
-            if content is not None
-            else "no <action>...</action> tag found in the response"
-        )
+        info, content = self._start_step(response, started=self.room is not None)
+        parsed = parse_moves(content) if content is not None else NO_ACTION_TAG
         rooms: list[Room] = []
         if isinstance(parsed, list):
             rooms, reason = check_turn(self.room, parsed)

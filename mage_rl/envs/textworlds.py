@@ -43,8 +43,8 @@ from typing import Any
 
 from mage_rl.envs.base import (
     LOSS_REWARD,
+    NO_ACTION_TAG,
     WIN_REWARD,
-    StepInfo,
     StepResult,
     TaskText,
     TextEnv,
@@ -52,7 +52,6 @@ from mage_rl.envs.base import (
     derive_seed,
 )
 from mage_rl.envs.opponents import Opponent
-from mage_rl.envs.parsing import extract_action
 
 log = logging.getLogger(__name__)
 
@@ -395,14 +394,10 @@ class SimulatorEnv(TextEnv):
         return self.observation
 
     def step(self, response: str) -> StepResult:
-        if self.done or self._sim is None:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
-        self.turns += 1
-        info = StepInfo()
-        content = extract_action(response)
+        info, content = self._start_step(response, started=self._sim is not None)
         action = normalize_action(content) if content is not None else ""
         if content is None:
-            reason = "no <action>...</action> tag found in the response"
+            reason = NO_ACTION_TAG
         elif not action:
             reason = "the action is empty; write one command such as <action>look around</action>"
         else:

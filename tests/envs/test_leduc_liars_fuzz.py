@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -40,16 +39,13 @@ def _answer(rng: random.Random, legal: list[str]) -> str:
 def test_random_answers_never_raise_and_invalid_ones_change_nothing(game, opponents) -> None:
     rng = random.Random(0)
     steps = invalid = valid = 0
-    slowest = 0.0
     for seat in (0, 1):
         for opponent in opponents:
             env = make_env(game, opponent, seat=seat)
             env.reset(rng.randrange(10**6))
             for _ in range(400):
                 before = list(env.state.history())
-                start = time.perf_counter()
                 step = env.step(_answer(rng, env.legal_actions()))
-                slowest = max(slowest, time.perf_counter() - start)
                 steps += 1
                 if step.info.invalid:
                     invalid += 1
@@ -62,7 +58,6 @@ def test_random_answers_never_raise_and_invalid_ones_change_nothing(game, oppone
                     assert step.info.outcome in ("won", "lost", "draw", "unfinished")
                     env.reset(rng.randrange(10**6))
     assert steps >= 3000 and valid > 300 and invalid > 1000
-    assert slowest < 0.25
 
 
 @pytest.mark.parametrize(
