@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -82,6 +83,8 @@ class TextEnv(ABC):
     length_penalty: float
     turns: int = 0
     done: bool = False
+    _initial_observation: str = ""
+    _transcript: Sequence[str] = ()
 
     def _start_step(self, response: str, *, started: bool) -> tuple[StepInfo, str | None]:
         """The common start of :meth:`step`: refuse an episode that is over or was never
@@ -140,14 +143,22 @@ class TextEnv(ABC):
         return ""
 
     @property
-    @abstractmethod
     def initial_observation(self) -> str:
-        """The observation the agent had at the start of the current episode."""
+        """The observation the agent had at the start of the current episode.
+
+        By default ``self._initial_observation``, which :meth:`reset` sets; an
+        environment that keeps it elsewhere overrides this.
+        """
+        return self._initial_observation
 
     @property
-    @abstractmethod
     def transcript(self) -> list[str]:
-        """Every move of the current episode so far, in order, as text."""
+        """Every move of the current episode so far, in order, as text.
+
+        By default a copy of ``self._transcript``, which :meth:`reset` empties and
+        :meth:`step` extends; an environment that keeps it elsewhere overrides this.
+        """
+        return list(self._transcript)
 
 
 def derive_seed(*parts: Any) -> int:

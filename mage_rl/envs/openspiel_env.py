@@ -235,14 +235,6 @@ class OpenSpielEnv(TextEnv):
             return ""
         return self.rules.brief_summary(self.state, self.seat)
 
-    @property
-    def initial_observation(self) -> str:
-        return self._initial_observation
-
-    @property
-    def transcript(self) -> list[str]:
-        return list(self._transcript)
-
     # -- internals -------------------------------------------------------------------
 
     def _apply(self, action: int, info: StepInfo | None = None) -> None:

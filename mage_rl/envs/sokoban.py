@@ -291,14 +291,6 @@ class SokobanEnv(TextEnv):
             WORDING,
         )
 
-    @property
-    def initial_observation(self) -> str:
-        return self._initial_observation
-
-    @property
-    def transcript(self) -> list[str]:
-        return list(self._transcript)
-
 
 def make_sokoban_env(
     variant: str | Opponent, seat: int = 0, max_turns: int | None = None

@@ -447,14 +447,6 @@ class SimulatorEnv(TextEnv):
         return f"{self.score:g} of {self.max_score:g}"
 
     @property
-    def initial_observation(self) -> str:
-        return self._initial_observation
-
-    @property
-    def transcript(self) -> list[str]:
-        return list(self._transcript)
-
-    @property
     def brief_observation(self) -> str:
         return self._brief_view(self._last_message) if self.observation else ""
 
