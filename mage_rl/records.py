@@ -160,7 +160,8 @@ class EpisodeResult:
         index: Episode index k.
         outcome: ``"won"``, ``"lost"``, ``"draw"`` or ``"unfinished"``.
         reward: Sum of task rewards ``R_k``.
-        payoff: Chip payoff for games that have one (Kuhn Poker), else ``None``.
+        payoff: The game's payoff where it has one (chips in Kuhn Poker and Leduc
+            Hold'em, +1 / -1 in Liar's Dice), else ``None``.
         turns: Number of play turns taken.
         invalid_actions: Number of invalid play responses.
     """

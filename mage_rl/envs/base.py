@@ -36,7 +36,8 @@ class StepInfo:
         invalid_reason: Why, in words a prompt can show; empty when valid.
         action: The agent's action as the environment understood it (canonical text).
         outcome: Set when the episode ends: ``won``, ``lost``, ``draw`` or ``unfinished``.
-        payoff: Chips won (+) or lost (-) where the game has chips, at the end.
+        payoff: The game's own payoff at the end: chips won (+) or lost (-) in the poker
+            games, +1 / -1 in Liar's Dice; ``None`` in games without one.
         feedback: End-of-episode feedback text (for Kuhn, the showdown's cards).
         events: Moves made during this step, the agent's and the opponent's, as text.
         extra: Game-specific details (revealed cards, final board, ...).

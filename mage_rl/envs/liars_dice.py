@@ -181,8 +181,8 @@ class LiarsDiceRules(GameRules):
         )
         extra = {"agent_die": mine, "opponent_die": theirs, "bid": f"{quantity}-{face}"}
         if won:
-            return FinalScore("won", WIN_REWARD, None, feedback, extra)
-        return FinalScore("lost", LOSS_REWARD, None, feedback, extra)
+            return FinalScore("won", WIN_REWARD, 1.0, feedback, extra)
+        return FinalScore("lost", LOSS_REWARD, -1.0, feedback, extra)
 
 
 # -- opponents ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ class FinalScore:
     Attributes:
         outcome: ``won``, ``lost`` or ``draw``.
         reward: The task reward (SPEC §3).
-        payoff: Chips, for games that have them.
+        payoff: The game's payoff (chips; +1 / -1 in Liar's Dice), where it has one.
         feedback: Text shown after the episode (for example the revealed cards).
         extra: Game-specific details.
     """

@@ -5,8 +5,9 @@
 - ``eval/untrained.json`` and ``eval/BASELINE.json`` (:mod:`mage_rl.rl.train_eval`), and
   the final ``eval/iter_NNNNNN.json``: one row each, on the same tasks;
 - ``metrics.jsonl``: the training batches' ev@K (or success@K) per iteration;
-- the exact oracle values of Kuhn Poker for the run's population (SPEC §9): the best
-  fixed strategy per seat and the Bayes value of the last hand after K-1 hands.
+- the exact oracle values for the run's population (SPEC §9; Kuhn Poker, Leduc Hold'em and
+  Liar's Dice): the best fixed strategy and the ceiling per seat, and for Kuhn Poker the
+  Bayes value of the last hand after K-1 hands.
 
 It writes ``report.md`` (tables, the verdict on the last episode, provenance) and
 ``learning_curve.png`` into the run folder, and ``report.json`` with the same numbers.
@@ -37,18 +38,30 @@ def _rate(est: dict[str, Any]) -> str:
     return f"{est['mean']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
 
 
+ORACLE_COMMANDS = {"kuhn_poker": "kuhn", "leduc_poker": "leduc", "liars_dice": "liars_dice"}
+"""The games with exact reference values, and the ``mage oracle`` argument of each."""
+
+
 def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
-    """Best fixed, ceiling and Bayes last-hand values per seat (Kuhn Poker only)."""
-    if cfg.env.name != "kuhn_poker":
+    """Best fixed and ceiling values per seat for the run's population, in the game's
+    payoff (chips; +1/-1 in Liar's Dice), and for Kuhn Poker with fresh deals the Bayes
+    value of the last hand. ``None`` for a game without an oracle."""
+    if cfg.env.name not in ORACLE_COMMANDS:
         return None
     from mage_rl import runtime
+
+    population = runtime.population(cfg)
+    if cfg.env.name != "kuhn_poker":
+        from mage_rl.eval.game_oracles import game_oracle
+
+        oracle = game_oracle(cfg.env.name, population)
+        return {s.seat: {"best_fixed": s.best_fixed, "ceiling": s.ceiling} for s in oracle.seats}
     from mage_rl.eval.bayes import bayes_last_hand
     from mage_rl.eval.oracles import kuhn_oracle
 
-    population = runtime.population(cfg)
-    oracle = kuhn_oracle(population)
+    kuhn = kuhn_oracle(population)
     out = {}
-    for index, seat in enumerate(oracle.seats):
+    for index, seat in enumerate(kuhn.seats):
         values = {"best_fixed": seat.best_fixed, "ceiling": seat.ceiling}
         if cfg.env.protocol == "fresh" and cfg.meta.episodes >= 2:
             try:
@@ -208,7 +221,13 @@ def write_training_report(
             cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if oracle:
-        lines += ["", "Exact values for this population (`mage oracle kuhn`), chips per hand:", ""]
+        unit = "+1 / -1 per game" if cfg.env.name == "liars_dice" else "chips per hand"
+        lines += [
+            "",
+            f"Exact values for this population (`mage oracle {ORACLE_COMMANDS[cfg.env.name]}`), "
+            f"{unit}:",
+            "",
+        ]
         for seat in SEATS:
             v = oracle[seat]
             bayes = (

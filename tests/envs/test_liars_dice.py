@@ -42,6 +42,7 @@ def test_scripted_game_with_invalid_answers_that_change_nothing() -> None:
     step = env.step("<action>1-4</action>")
     assert step.info.events == ["You: 1-4", "Opponent: LIAR"]
     assert step.done and step.info.outcome == "won" and step.reward == 10.0
+    assert step.info.payoff == 1.0  # the game's own payoff, the scale of its oracle
     assert "The opponent called LIAR on 1-4" in step.info.feedback
     assert "so the bid holds" in step.info.feedback
     assert step.info.extra == {"agent_die": 4, "opponent_die": 2, "bid": "1-4"}
@@ -57,6 +58,7 @@ def test_a_bid_that_does_not_raise_is_invalid_and_liar_can_lose() -> None:
     assert step.info.invalid and "does not raise the current bid 1-5" in step.info.invalid_reason
     step = env.step("<action>liar</action>")  # 1-5 holds: the caller's own die is a 5
     assert step.done and step.info.outcome == "lost" and step.reward == -10.0
+    assert step.info.payoff == -1.0
     assert "You called LIAR on 1-5" in step.info.feedback
 
 

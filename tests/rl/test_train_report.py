@@ -56,3 +56,36 @@ def test_eval_settings_that_cannot_work_are_refused() -> None:
         load_config(CONFIG, ["eval.stratify=true"], TrainConfig)
     with pytest.raises(ValueError, match="no_such_agent"):
         load_config(CONFIG, ["eval.baselines=[no_such_agent]"], TrainConfig)
+
+
+def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> None:
+    """The report's reference lines are the game oracle's, for the run's population (the
+    oracle's own values are tested in tests/eval/test_game_oracles.py)."""
+    from mage_rl.eval import game_oracles
+    from mage_rl.eval.game_oracles import GameOracle, GameSeatValues
+    from mage_rl.rl.train_report import oracle_values
+
+    asked = []
+
+    def oracle(game, population, nash_iterations=None):
+        asked.append((game, dict(zip(population.specs, population.weights, strict=True))))
+        seats = [
+            GameSeatValues(seat, 0.0, 0.0, 0.0, {}, best_fixed=0.1 * i, ceiling=0.2 * i)
+            for i, seat in enumerate(("first", "second"), start=1)
+        ]
+        return GameOracle(game, "", 0, {}, seats)
+
+    monkeypatch.setattr(game_oracles, "game_oracle", oracle)
+    configs = Path(__file__).parents[2] / "configs"
+    for name, game in (("leduc", "leduc_poker"), ("liars_dice", "liars_dice")):
+        cfg = load_config(configs / f"{name}_smollm2.yaml", cls=TrainConfig)
+        assert oracle_values(cfg) == {
+            "first": {"best_fixed": 0.1, "ceiling": 0.2},
+            "second": {"best_fixed": 0.2, "ceiling": 0.4},
+        }
+        assert asked[-1][0] == game and sum(asked[-1][1].values()) == pytest.approx(1.0)
+    assert "leduc:tight_passive" in str(asked[0][1]) or "leduc_poker:tight_passive" in str(
+        asked[0][1]
+    )
+    ttt = load_config(configs / "tictactoe_smollm2.yaml", cls=TrainConfig)
+    assert oracle_values(ttt) is None
