@@ -93,15 +93,25 @@ def _rows(run_dir: Path, cfg: Any, final: str) -> list[tuple[str, dict[str, Any]
     return rows
 
 
+def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
+    """success@K with its interval, for games without a payoff."""
+    block = summary["intervals"] if seat is None else summary["intervals"]["by_seat"].get(seat)
+    return block["success@k"][-1] if block else None
+
+
 def _verdict(rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, k: int) -> list[str]:
     named = dict(rows)
     before = named.get(UNTRAINED)
     after = next((s for n, s in rows if n.startswith("trained")), None)
     if before is None or after is None:
         return []
+    chips = _last_ev(after, None) is not None
+    metric, last, fmt = (
+        (f"ev@{k}", _last_ev, _fmt) if chips else (f"success@{k}", _last_success, _rate)
+    )
     lines = []
     for seat in (None, *SEATS):
-        b, a = _last_ev(before, seat), _last_ev(after, seat)
+        b, a = last(before, seat), last(after, seat)
         if not a or not b or a.get("low") is None or b.get("high") is None:
             continue
         where = "all seats" if seat is None else f"{seat} seat"
@@ -112,11 +122,11 @@ def _verdict(rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, k: int
         else:
             word = "not above the untrained model"
         target = ""
-        if oracle and seat is not None:
+        if chips and oracle and seat is not None:
             best = oracle[seat]["best_fixed"]
             reach = "reaches" if a["mean"] >= best else "is below"
             target = f"; it {reach} the best fixed strategy ({best:+.4f})"
-        lines.append(f"- ev@{k}, {where}: trained {_fmt(a)}, untrained {_fmt(b)}: {word}{target}.")
+        lines.append(f"- {metric}, {where}: trained {fmt(a)}, untrained {fmt(b)}: {word}{target}.")
     return lines
 
 

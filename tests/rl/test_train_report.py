@@ -89,3 +89,23 @@ def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> 
     )
     ttt = load_config(configs / "tictactoe_smollm2.yaml", cls=TrainConfig)
     assert oracle_values(ttt) is None
+
+
+def test_games_without_a_payoff_get_a_verdict_on_success() -> None:
+    from mage_rl.rl.train_report import _verdict
+
+    def summary(mean: float, low: float, high: float) -> dict:
+        est = {"mean": mean, "low": low, "high": high, "n": 48}
+        block = {"success@k": [est, est]}
+        return {"intervals": {**block, "by_seat": {"first": block}}}
+
+    rows = [
+        ("untrained", summary(0.2, 0.1, 0.3)),
+        ("trained (iter_000004)", summary(0.6, 0.45, 0.7)),
+    ]
+    lines = _verdict(rows, None, 2)
+    assert lines[0] == (
+        "- success@2, all seats: trained 0.60 [0.45, 0.70], untrained 0.20 [0.10, 0.30]: "
+        "above the untrained model, 95 % intervals apart."
+    )
+    assert lines[1].startswith("- success@2, first seat:") and len(lines) == 2
