@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Any
 
 import pyspiel
 
@@ -162,6 +163,52 @@ class GameOracle:
         return asdict(self)
 
 
+def _population(game: str, population: Population | Mapping[str, float]):
+    """The canonical game, its OpenSpiel name, and the population's specs and weights.
+
+    Raises:
+        ValueError: An opponent of another game.
+    """
+    name = canonical_game(game)
+    rules = game_rules(name)
+    if not isinstance(population, Population):
+        population = Population(tuple(population.items()))
+    specs = population.specs
+    for spec in specs:
+        if canonical_game(spec.split(":")[0]) != name:
+            raise ValueError(f"{spec!r} is not an opponent of {name}")
+    return name, rules, specs, [float(w) for w in population.weights]
+
+
+def exploitation_values(
+    game: str, population: Population | Mapping[str, float]
+) -> dict[str, dict[str, Any]]:
+    """Steps 3-5 for both agent seats, without the Nash interval (no CFR+ run):
+    ``{seat: {"best_response": {spec: value}, "best_fixed": ..., "ceiling": ...}}``.
+
+    Raises:
+        ValueError: An opponent of another game, or a randomised one without exact
+            action probabilities.
+    """
+    _, rules, specs, weights = _population(game, population)
+    game_name = rules.game_name
+    out = {}
+    for agent_seat, label in ((0, "first"), (1, "second")):
+        opp_seat = 1 - agent_seat
+        tables = [opponent_table(game_name, s, opp_seat) for s in specs]
+        br = {
+            s: best_response_value(game_name, t, agent_seat)
+            for s, t in zip(specs, tables, strict=True)
+        }
+        mixed = mixture_table(game_name, tables, weights, opp_seat)
+        out[label] = {
+            "best_response": br,
+            "best_fixed": best_response_value(game_name, mixed, agent_seat),
+            "ceiling": sum(w * br[s] for s, w in zip(specs, weights, strict=True)),
+        }
+    return out
+
+
 def game_oracle(
     game: str,
     population: Population | Mapping[str, float],
@@ -174,38 +221,14 @@ def game_oracle(
         ValueError: An opponent of another game, or a randomised one without exact
             action probabilities.
     """
-    name = canonical_game(game)
-    rules = game_rules(name)
-    game_name = rules.game_name
-    if not isinstance(population, Population):
-        population = Population(tuple(population.items()))
-    specs = population.specs
-    for spec in specs:
-        if canonical_game(spec.split(":")[0]) != name:
-            raise ValueError(f"{spec!r} is not an opponent of {name}")
-    weights = [float(w) for w in population.weights]
-    iterations = nash_iterations or NASH_ITERATIONS.get(game_name, 200)
-    low, high = nash_bounds(game_name, iterations)
+    name, rules, specs, weights = _population(game, population)
+    iterations = nash_iterations or NASH_ITERATIONS.get(rules.game_name, 200)
+    low, high = nash_bounds(rules.game_name, iterations)
     seats = []
-    for agent_seat, label in ((0, "first"), (1, "second")):
-        opp_seat = 1 - agent_seat
-        tables = [opponent_table(game_name, s, opp_seat) for s in specs]
-        br = {
-            s: best_response_value(game_name, t, agent_seat)
-            for s, t in zip(specs, tables, strict=True)
-        }
-        mixed = mixture_table(game_name, tables, weights, opp_seat)
-        lo, hi = (low, high) if agent_seat == 0 else (-high, -low)
+    for label, values in exploitation_values(name, population).items():
+        lo, hi = (low, high) if label == "first" else (-high, -low)
         seats.append(
-            GameSeatValues(
-                seat=label,
-                nash=(lo + hi) / 2,
-                nash_low=lo,
-                nash_high=hi,
-                best_response=br,
-                best_fixed=best_response_value(game_name, mixed, agent_seat),
-                ceiling=sum(w * br[s] for s, w in zip(specs, weights, strict=True)),
-            )
+            GameSeatValues(seat=label, nash=(lo + hi) / 2, nash_low=lo, nash_high=hi, **values)
         )
     return GameOracle(
         game=name,

@@ -52,10 +52,13 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
 
     population = runtime.population(cfg)
     if cfg.env.name != "kuhn_poker":
-        from mage_rl.eval.game_oracles import game_oracle
+        from mage_rl.eval.game_oracles import exploitation_values
 
-        oracle = game_oracle(cfg.env.name, population)
-        return {s.seat: {"best_fixed": s.best_fixed, "ceiling": s.ceiling} for s in oracle.seats}
+        values = exploitation_values(cfg.env.name, population)  # no Nash: not reported
+        return {
+            seat: {"best_fixed": v["best_fixed"], "ceiling": v["ceiling"]}
+            for seat, v in values.items()
+        }
     from mage_rl.eval.bayes import bayes_last_hand
     from mage_rl.eval.oracles import kuhn_oracle
 

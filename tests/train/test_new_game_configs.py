@@ -20,6 +20,10 @@ def test_smollm2_config_loads(game: str) -> None:
     assert cfg.env.population == f"{game}_train"
 
 
+# The exact first-seat best fixed value of each training population (`mage oracle`).
+BEST_FIXED_FIRST = {"leduc": "+1.1633", "liars_dice": "+0.7833"}
+
+
 @pytest.mark.parametrize("game", ["leduc", "liars_dice"])
 def test_tiny_config_trains_one_iteration(game: str, tmp_path: Path) -> None:
     run = tmp_path / game
@@ -49,3 +53,6 @@ def test_tiny_config_trains_one_iteration(game: str, tmp_path: Path) -> None:
     assert lines[0]["iteration"] == 1
     assert "charts/success@1" in lines[0] and "losses/loss" in lines[0]
     assert (run / "checkpoints" / "iter_000001" / "model" / "config.json").exists()
+    report = (run / "report.md").read_text()
+    assert f"Exact values for this population (`mage oracle {game}`)" in report
+    assert f"first seat: best fixed {BEST_FIXED_FIRST[game]}" in report
