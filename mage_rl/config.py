@@ -276,6 +276,12 @@ def load_config(
         return cls.model_validate(data)
     except ValidationError as exc:
         lines = [describe_error(err, cls) for err in exc.errors()]
+        training = sorted(set(data) & (set(TrainConfig.model_fields) - set(cls.model_fields)))
+        if cls is RunConfig and training:
+            lines.append(
+                f"  ({', '.join(training)}: sections of a training config; load it with "
+                "load_config(path, overrides, TrainConfig), as mage train does)"
+            )
         source = f" in {path}" if path else ""
         raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None
 

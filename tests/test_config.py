@@ -52,6 +52,14 @@ def test_an_unknown_section_lists_the_sections(tmp_path: Path) -> None:
         load_config(_file(tmp_path, "policy:\n  model: tiny\npolicies: {}\n"), cls=TrainConfig)
 
 
+def test_a_training_config_loaded_as_a_rollout_config_says_how_to_load_it(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\nlearner:\n  lr: 1.0e-5\ntrain: {}\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)  # RunConfig, the mage rollout schema
+    assert "(learner, train: sections of a training config; load it with " in str(info.value)
+    assert load_config(path, cls=TrainConfig).learner.lr == 1.0e-5
+
+
 def test_a_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     path = _file(tmp_path, "policy:\n  model: tiny\n  dtype: [fp32\nenv:\n  name: x: y\n")
     with pytest.raises(ValueError) as info:
