@@ -46,6 +46,7 @@ class KuhnRules(GameRules):
     """Kuhn Poker as text."""
 
     game_name = "kuhn_poker"
+    payoff_unit = "chips per hand"
     invalid_penalty = 2.0
     length_penalty = 2.0
     # A hand has at most two agent decisions; the rest is room for invalid answers.

@@ -56,9 +56,11 @@ class GameRules(ABC):
         invalid_penalty: ``c_inv`` (SPEC §3).
         length_penalty: ``c_len`` (SPEC §3).
         default_max_turns: Agent turns per episode, invalid ones included.
+        payoff_unit: What ``info.payoff`` counts, in words for tables and reports.
     """
 
     game_name: str
+    payoff_unit: str = "payoff per game"
     invalid_penalty: float = 0.5
     length_penalty: float = 2.0
     default_max_turns: int = 8

@@ -232,7 +232,7 @@ def game_oracle(
         )
     return GameOracle(
         game=name,
-        payoff_unit=getattr(rules, "payoff_unit", "payoff per game"),
+        payoff_unit=rules.payoff_unit,
         nash_iterations=iterations,
         population={canonical_spec(s): w for s, w in zip(specs, weights, strict=True)},
         seats=seats,

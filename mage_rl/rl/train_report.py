@@ -234,7 +234,9 @@ def write_training_report(
             cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if oracle:
-        unit = "+1 / -1 per game" if cfg.env.name == "liars_dice" else "chips per hand"
+        from mage_rl.envs import game_rules
+
+        unit = game_rules(cfg.env.name).payoff_unit
         lines += [
             "",
             f"Exact values for this population (`mage oracle {ORACLE_COMMANDS[cfg.env.name]}`), "
