@@ -327,10 +327,14 @@ class Learner(LearnerCheckpoints):
             )
             loss = pg_loss
             if self.entropy_coef > 0:
-                entropy = token_mean(
-                    entropy_from_logits(logits, batch.allowed_index), batch.mask, total
-                )
-                loss = loss - self.entropy_coef * entropy
+                per_token = entropy_from_logits(logits, batch.allowed_index)
+                entropy = token_mean(per_token, batch.mask, total)
+                if cfg.entropy_floor > 0:
+                    bonus = token_mean(per_token.clamp(max=cfg.entropy_floor), batch.mask, total)
+                else:
+                    bonus = entropy
+                loss = loss - self.entropy_coef * bonus
+                entropy = entropy.detach()
             else:
                 with torch.no_grad():
                     entropy = token_mean(

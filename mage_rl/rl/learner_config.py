@@ -63,6 +63,14 @@ class LearnerConfig:
             choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
             the target is in nats per choice, whatever the length of the forced text
             around it, and a two-way choice can reach up to ln 2.
+        entropy_floor: Per-position entropy floor when > 0 (nats): the bonus counts each
+            response position's entropy only up to this value, so it pushes up the
+            positions whose distribution is nearly settled and leaves the others alone.
+            A mean entropy can sit at its target while most choices have turned
+            deterministic and a few stay random; the floor keeps every choice at least
+            this stochastic (0.2 nats is about a 95/5 split of a two-way choice). Works
+            with a fixed ``entropy_coef`` or with ``entropy_target``, which still reads
+            the unclipped mean. 0 counts every position's whole entropy.
         entropy_coef_step: Change of the adaptive weight per update.
         entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
@@ -105,6 +113,7 @@ class LearnerConfig:
     entropy_coef: float = 0.001
     entropy_target: float = 0.0
     entropy_target_positions: str = "all"
+    entropy_floor: float = 0.0
     entropy_coef_step: float = 0.01
     entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
@@ -131,6 +140,7 @@ class LearnerConfig:
             "kl_coef",
             "entropy_coef",
             "entropy_target",
+            "entropy_floor",
             "entropy_coef_step",
             "entropy_coef_max",
             "max_grad_norm",

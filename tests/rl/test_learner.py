@@ -215,6 +215,31 @@ def test_adaptive_entropy_weight_follows_the_target(tmp_path: Path) -> None:
     assert fixed.entropy_coef == 0.3
 
 
+def test_entropy_floor_pushes_only_the_positions_below_it() -> None:
+    model = make_model()
+    samples = on_policy_samples(Learner(copy.deepcopy(model), fp32()), [0.0] * 6)
+
+    def grads(**kwargs: object) -> tuple[dict[str, float], list[torch.Tensor]]:
+        learner = Learner(copy.deepcopy(model), fp32(entropy_coef=0.5, **kwargs))
+        stats = learner.accumulate_gradients(samples)
+        return stats, [p.grad.clone() for p in learner.model.parameters()]
+
+    plain_stats, plain = grads()
+    # A floor above every position's entropy (at most ln VOCAB) changes nothing.
+    high_stats, high = grads(entropy_floor=2 * math.log(VOCAB))
+    for a, b in zip(plain, high, strict=True):
+        torch.testing.assert_close(b, a)
+    # A floor below every position's entropy: no advantage and no push, so no gradient,
+    # while the reported entropy is still the whole mean.
+    low_stats, low = grads(entropy_floor=1e-3)
+    assert max(g.abs().max().item() for g in plain) > 1e-4
+    assert max(g.abs().max().item() for g in low) == 0.0
+    assert low_stats["entropy"] == pytest.approx(plain_stats["entropy"])
+    assert high_stats["entropy"] == pytest.approx(plain_stats["entropy"])
+    with pytest.raises(ValueError, match="entropy_floor"):
+        fp32(entropy_floor=-0.1)
+
+
 def test_learning_rate_warms_up_linearly_and_resumes_on_schedule(tmp_path: Path) -> None:
     def record_lrs(learner: Learner) -> list[float]:
         seen: list[float] = []
