@@ -124,8 +124,27 @@ def mixture_table(
 
 def best_response_value(game_name: str, table: PolicyTable, agent_seat: int) -> float:
     """What a best response in ``agent_seat`` earns per game against ``table``."""
+    return best_response_values(game_name, [table], agent_seat)[0]
+
+
+def best_response_values(
+    game_name: str, tables: Sequence[PolicyTable], agent_seat: int
+) -> list[float]:
+    """:func:`best_response_value` against each of ``tables``, in order.
+
+    One OpenSpiel best-response object serves them all (its game tree is built once;
+    each table replaces the policy), which is most of the cost on the larger games.
+    """
     game = pyspiel.load_game(game_name)
-    return float(pyspiel.TabularBestResponse(game, agent_seat, dict(table)).value(""))
+    solver = None
+    values = []
+    for table in tables:
+        if solver is None:
+            solver = pyspiel.TabularBestResponse(game, agent_seat, dict(table))
+        else:
+            solver.set_policy(dict(table))
+        values.append(float(solver.value("")))
+    return values
 
 
 def nash_bounds(game_name: str, iterations: int) -> tuple[float, float]:
@@ -196,14 +215,12 @@ def exploitation_values(
     for agent_seat, label in ((0, "first"), (1, "second")):
         opp_seat = 1 - agent_seat
         tables = [opponent_table(game_name, s, opp_seat) for s in specs]
-        br = {
-            s: best_response_value(game_name, t, agent_seat)
-            for s, t in zip(specs, tables, strict=True)
-        }
         mixed = mixture_table(game_name, tables, weights, opp_seat)
+        *values, best_fixed = best_response_values(game_name, [*tables, mixed], agent_seat)
+        br = dict(zip(specs, values, strict=True))
         out[label] = {
             "best_response": br,
-            "best_fixed": best_response_value(game_name, mixed, agent_seat),
+            "best_fixed": best_fixed,
             "ceiling": sum(w * br[s] for s, w in zip(specs, weights, strict=True)),
         }
     return out
