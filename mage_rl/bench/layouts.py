@@ -24,6 +24,7 @@ divide the re-rendered figures by the conversation ones.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mage_rl.bench.conversation import time_updates
@@ -124,6 +125,8 @@ def bench_layouts(
         advantages = compute_advantages(records, train_cfg.returns, train_cfg.advantages)
         samples[layout] = samples_from_records(records, advantages)
         results[layout] = {"rollout": rollout}
+        if layout == "conversation":
+            results[layout]["tokens"] = conversation_tokens(records, tokenizer)
         del lm, graph
     results = {layout: results[layout] for layout in LAYOUTS}
     samples = {layout: samples[layout] for layout in LAYOUTS}
@@ -164,6 +167,65 @@ def bench_layouts(
     }
 
 
+# What each stretch of a conversation is, in the order format_layouts_report lists them.
+PARTS = (
+    "first prompt",
+    "observations",
+    "after an invalid answer",
+    "episode starts",
+    "reflect requests",
+    "play replies",
+    "reflections",
+)
+
+
+def conversation_tokens(records: Sequence[Any], tokenizer: Any) -> dict[str, dict[str, float]]:
+    """Where a conversation's tokens go: the mean per meta-episode of each part.
+
+    The ids before the first response are the first prompt; each response is a play reply
+    or a reflection (by its turn's kind); the ids between two responses are the user
+    message before the second one (with the chat template's tokens around it): a reflect
+    request before a reflection, otherwise an episode's start, the message after an
+    invalid answer (the reason and the observation), or a plain observation.
+
+    Returns:
+        ``{part: {"tokens": mean per meta-episode, "messages": mean count}}`` for each of
+        :data:`PARTS`, and ``"total"``.
+    """
+    from mage_rl.rl.conversation import record_conversation
+
+    sums = {part: [0.0, 0.0] for part in (*PARTS, "total")}
+
+    def add(part: str, n: int) -> None:
+        sums[part][0] += n
+        sums[part][1] += 1
+
+    traces = [(r, record_conversation(r)) for r in records]
+    traces = [(r, t) for r, t in traces if t is not None]
+    for record, trace in traces:
+        previous = 0
+        for index, (start, end, turn) in enumerate(trace.segments):
+            reflect = record.turns[turn].kind == "reflect"
+            gap = start - previous
+            if index == 0:
+                add("first prompt", gap)
+            elif reflect:
+                add("reflect requests", gap)
+            else:
+                text = tokenizer.decode(trace.ids[previous:start])
+                if "Your answer was invalid" in text:
+                    add("after an invalid answer", gap)
+                elif " starts." in text:
+                    add("episode starts", gap)
+                else:
+                    add("observations", gap)
+            add("reflections" if reflect else "play replies", end - start)
+            previous = end
+        add("total", previous)
+    n = max(len(traces), 1)
+    return {part: {"tokens": t / n, "messages": m / n} for part, (t, m) in sums.items()}
+
+
 def format_layouts_report(result: dict[str, Any]) -> str:
     """A markdown table of :func:`bench_layouts`'s result, one row per layout."""
     cfg = result["config"]
@@ -195,4 +257,21 @@ def format_layouts_report(result: dict[str, Any]) -> str:
         f"rollout seconds with reuse. Without / with reuse: re-rendered "
         f"{r['rerendered_reuse']:.2f}x, conversation {r['conversation_reuse']:.2f}x.",
     ]
+    parts = result["layouts"]["conversation"].get("tokens")
+    if parts:
+        total = parts["total"]["tokens"] or 1.0
+        lines += [
+            "",
+            "Where a conversation's tokens go (mean per meta-episode):",
+            "",
+            "| part | tokens | share | messages | tokens per message |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for part in PARTS:
+            d = parts[part]
+            per = d["tokens"] / d["messages"] if d["messages"] else 0.0
+            lines.append(
+                f"| {part} | {d['tokens']:.0f} | {d['tokens'] / total:.0%} | "
+                f"{d['messages']:.1f} | {per:.0f} |"
+            )
     return "\n".join(lines)

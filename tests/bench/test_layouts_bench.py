@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mage_rl.bench.layouts import bench_layouts, format_layouts_report
+from mage_rl.bench.layouts import PARTS, bench_layouts, format_layouts_report
 from mage_rl.cli import main
 
 
@@ -32,7 +32,16 @@ def test_both_layouts_play_and_train_the_same_calls_differently() -> None:
         rr["learner"]["tokens_per_meta_episode"] / conv["learner"]["tokens_per_meta_episode"]
     )
     assert ratios["learner_tokens"] > 1.5  # a K=2 chat re-reads little of itself
-    assert "Re-rendered / conversation" in format_layouts_report(result)
+    # The conversation's parts add up to its whole sequence, which the learner trains.
+    parts = conv["tokens"]
+    assert sum(parts[p]["tokens"] for p in PARTS) == parts["total"]["tokens"]
+    assert parts["total"]["tokens"] == conv["learner"]["tokens_per_meta_episode"]
+    assert parts["first prompt"]["messages"] == 1
+    replies = parts["play replies"]["messages"] + parts["reflections"]["messages"]
+    assert replies * 2 == conv["rollout"]["with_reuse"]["llm_calls"]
+    assert parts["reflect requests"]["messages"] == parts["reflections"]["messages"] == 1
+    report = format_layouts_report(result)
+    assert "Re-rendered / conversation" in report and "| observations |" in report
 
 
 def test_cli_writes_the_result_with_its_provenance(tmp_path) -> None:
