@@ -6,9 +6,11 @@ right away so a crash loses nothing already logged.
 
 A resumed run opens the logger at the iteration of its checkpoint: lines logged after
 that checkpoint by the run that was stopped (they will be logged again) and a torn last
-line are cut from ``metrics.jsonl``, and TensorBoard is told to hide the same steps of
-the earlier event files (``SummaryWriter``'s ``purge_step``), so every iteration appears
-once in both.
+line are cut from ``metrics.jsonl``. TensorBoard follows ``metrics.jsonl``: the kept
+lines are written to a new event file and the earlier event files are deleted, so every
+iteration appears once in both. (Hiding steps with ``SummaryWriter``'s ``purge_step``
+depends on the order in which TensorBoard reads the files, which their names do not
+always give: two files of one second sort by process id and a counter, as text.)
 """
 
 from __future__ import annotations
@@ -110,17 +112,26 @@ class MetricsLogger:
         path = self.run_dir / "metrics.jsonl"
         self.kept = cut_metrics(path, start_iteration)
         tb = self.run_dir / "tb"
-        # purge_step hides, in the event files already there, every step >= it.
-        earlier = tb.is_dir() and any(tb.glob("events.out.tfevents.*"))
-        self.writer = SummaryWriter(
-            log_dir=str(tb), purge_step=start_iteration + 1 if earlier else None
-        )
+        earlier = sorted(tb.glob("events.out.tfevents.*")) if tb.is_dir() else []
+        self.writer = SummaryWriter(log_dir=str(tb))
+        if earlier:
+            # The kept lines go to the new file before the old files go: a kill in
+            # between leaves duplicates that the next start removes the same way.
+            for row in self.kept:
+                self._add(int(row["iteration"]), row)
+            self.writer.flush()
+            for old in earlier:
+                old.unlink(missing_ok=True)
         self._jsonl = path.open("a", encoding="utf-8")
+
+    def _add(self, step: int, scalars: dict[str, Any]) -> None:
+        for key, value in scalars.items():
+            if key != "iteration" and isinstance(value, int | float):
+                self.writer.add_scalar(key, value, step)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in scalars.items() if v is not None and math.isfinite(v)}
-        for key, value in clean.items():
-            self.writer.add_scalar(key, value, step)
+        self._add(step, clean)
         self.writer.flush()
         self._jsonl.write(json.dumps({"iteration": step, **clean}) + "\n")
         self._jsonl.flush()

@@ -16,7 +16,7 @@ import yaml
 
 from mage_rl.cli import main
 from mage_rl.rl import run_folder
-from mage_rl.rl.metrics_log import cut_metrics
+from mage_rl.rl.metrics_log import MetricsLogger, cut_metrics
 from mage_rl.rl.run_folder import (
     STATE_FILE,
     check_resume_config,
@@ -62,6 +62,24 @@ def _tensorboard_steps(run: Path) -> list[int]:
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     return [e.step for e in events.Scalars("losses/loss")]
+
+
+def test_tensorboard_follows_the_kept_metrics_whatever_the_file_names(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = MetricsLogger(run)
+    for step in (1, 2, 3):
+        first.log(step, {"losses/loss": float(step)})
+    first.close()
+    # An earlier file whose name sorts after any new one (two files of one second sort by
+    # process id and a counter, as text): hiding steps by file order would fail here.
+    (old,) = (run / "tb").glob("events.out.tfevents.*")
+    old.rename(old.with_name("events.out.tfevents.9999999999.host.99999.9"))
+    resumed = MetricsLogger(run, start_iteration=1)
+    resumed.log(2, {"losses/loss": 20.0})
+    resumed.close()
+    assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+    assert _tensorboard_steps(run) == [1, 2]
+    assert _iterations(run) == [1, 2]
 
 
 # -- end to end: kills at the named steps ------------------------------------------------
