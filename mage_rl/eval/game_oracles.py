@@ -61,6 +61,8 @@ def opponent_table(game_name: str, opponent: Opponent | str, seat: int) -> Polic
         if state.current_player() != seat:
             continue
         key = state.information_state_string(seat)
+        if key in table:  # the opponent sees the same in every state of the set
+            continue
         # Every legal action gets an entry, zero or not: OpenSpiel's best response
         # reads a missing one as an error.
         dist = dict.fromkeys(state.legal_actions(seat), 0.0)
@@ -90,6 +92,9 @@ def own_reach(game_name: str, table: PolicyTable, seat: int) -> dict[str, float]
     for state in _decision_states(game_name):
         if state.current_player() != seat:
             continue
+        key = state.information_state_string(seat)
+        if key in reach:  # perfect recall: one own-action path per information set
+            continue
         replay = game.new_initial_state()
         probability = 1.0
         for action in state.history():
@@ -97,7 +102,7 @@ def own_reach(game_name: str, table: PolicyTable, seat: int) -> dict[str, float]
                 dist = dict(table[replay.information_state_string(seat)])
                 probability *= dist.get(int(action), 0.0)
             replay.apply_action(action)
-        reach[state.information_state_string(seat)] = probability
+        reach[key] = probability
     return reach
 
 
