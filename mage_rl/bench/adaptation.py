@@ -161,13 +161,17 @@ def run_method(
     extra: Sequence[str] = (),
     on_point: Callable[[dict[str, Any]], None] | None = None,
     max_train_seconds: float | None = None,
+    average: float = 0.0,
 ) -> dict[str, Any]:
     """Train one method for one seat and evaluate it exactly every ``eval_every`` iterations.
 
     Training stops after ``iterations``, or earlier once the rollout-and-update time
     reaches ``max_train_seconds`` (evaluation time is not counted); the run is then
     evaluated one last time and its final policy saved under
-    ``run_dir/checkpoints/iter_NNNNNN``.
+    ``run_dir/checkpoints/iter_NNNNNN``. With ``average`` in (0, 1), an exponential
+    moving average of the weights (``avg = average * avg + (1 - average) * new`` after
+    each update) is evaluated too, at the same points, under each point's ``average``
+    key; rollouts and updates use the trained weights as always.
     """
     from mage_rl import runtime
     from mage_rl.cluster.backends import trainer_class
@@ -185,12 +189,27 @@ def run_method(
     )
     tasks, weights = exact_eval_tasks(eval_cfg, resolve_seat(seat, 0), deal_seeds)
     k = eval_cfg.meta.episodes
+    if not 0.0 <= average < 1.0:
+        raise ValueError(f"average={average}: give a decay in [0, 1) (0: no average)")
+    averaged = (
+        {
+            n: t.detach().float().clone()
+            for n, t in trainer.learner.state_dict_for_inference().items()
+        }
+        if average
+        else {}
+    )
 
     def evaluate(iteration: int, train_seconds: float) -> dict[str, Any]:
         start = time.perf_counter()
         records = runtime.run_rollouts(eval_cfg, eval_graph, greedy, tasks, 1)
         point = {"iteration": iteration, "train_seconds": round(train_seconds, 2)}
         point |= exact_ev(records, weights, k)
+        if averaged:
+            trainer.engine.update_weights(averaged)
+            records = runtime.run_rollouts(eval_cfg, eval_graph, greedy, tasks, 1)
+            point["average"] = exact_ev(records, weights, k)
+            trainer.engine.update_weights(trainer.learner.state_dict_for_inference())
         point["eval_seconds"] = round(time.perf_counter() - start, 2)
         if on_point is not None:
             on_point(point)
@@ -204,6 +223,9 @@ def run_method(
             start = time.perf_counter()
             records = trainer.rollout(it)
             stats = trainer.learn(records)
+            if averaged:
+                for name, tensor in trainer.learner.state_dict_for_inference().items():
+                    averaged[name].mul_(average).add_(tensor.float(), alpha=1.0 - average)
             train_seconds += time.perf_counter() - start
             done = it + 1
             trainer.metrics.log(done, {"losses/" + key: value for key, value in stats.items()})
@@ -235,7 +257,7 @@ def run_method(
         "ev_by_opponent": last["ev_by_opponent"],
         "curve": curve,
         "config": train_cfg.model_dump(mode="json"),
-    }
+    } | ({"eval_average": average, "average": last["average"]} if averaged else {})
 
 
 # -- the whole benchmark ---------------------------------------------------------------
@@ -257,6 +279,7 @@ def bench_adaptation(
     minutes: float | None = None,
     log: Callable[[str], None] = print,
     started: float | None = None,
+    average: float = 0.0,
 ) -> dict[str, Any]:
     """Train every method for every seat and seed; write the results JSON as it goes.
 
@@ -283,6 +306,8 @@ def bench_adaptation(
             each run's training seconds.
         log: Where progress lines go.
         started: ``time.time()`` when the command began, for the file's provenance.
+        average: Also evaluate an exponential moving average of the weights with this
+            decay per update (:func:`run_method`); 0 does not.
 
     Returns:
         The results document (also written to ``out``). Every run carries a
@@ -309,6 +334,7 @@ def bench_adaptation(
         "iterations": iterations,
         "minutes": minutes,
         "eval_every": eval_every,
+        "eval_average": average,
         "episodes": base.meta.episodes,
         "meta_episodes_per_iteration": base.rollout.tasks * base.rollout.group_size,
         "evaluation": f"exact: greedy policy, all {6**base.meta.episodes} deal sequences "
@@ -335,6 +361,7 @@ def bench_adaptation(
                 if r["iterations"] == iterations
                 and run_budget_seconds(r) == max_seconds
                 and r.get("pretrained") == pretrained.get(r["seed"])
+                and r.get("eval_average", 0.0) == average
             }
             runs = []
             for seed in seeds:
@@ -356,6 +383,9 @@ def bench_adaptation(
 
                 def show(point: dict[str, Any], name: str = name, seat: str = seat) -> None:
                     ev = ", ".join(f"{v:+.3f}" for v in point["ev_by_episode"])
+                    if "average" in point:
+                        avg = ", ".join(f"{v:+.3f}" for v in point["average"]["ev_by_episode"])
+                        ev += f"]  average [{avg}"
                     log(
                         f"  {name} {seat} iter {point['iteration']:>4} "
                         f"train {point['train_seconds']:7.1f}s  ev@k [{ev}]"
@@ -374,6 +404,7 @@ def bench_adaptation(
                     extra=extra,
                     on_point=show,
                     max_train_seconds=rl_seconds,
+                    average=average,
                 )
                 result["pretrained"] = start_model
                 result["pretrain_seconds"] = pretrain_seconds

@@ -132,6 +132,7 @@ def _cmd_adaptation(args: argparse.Namespace) -> int:
         minutes=args.minutes,
         log=console.print,
         started=started,
+        average=args.eval_average,
     )
     print(format_table(doc))
     console.print(f"results: {args.out}")
@@ -403,6 +404,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument(
+        "--eval-average",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="also evaluate a moving average of the weights with this decay per update "
+        "(e.g. 0.95; default 0: no average)",
+    )
     p.add_argument(
         "--model", default=None, help="model of every run: tiny (the study's), smollm2 or a path"
     )

@@ -79,6 +79,27 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     assert any("kept" in line for line in lines)
 
 
+def test_a_moving_average_of_the_weights_is_evaluated_beside_the_trained_ones(tmp_path) -> None:
+    common = dict(methods=["mage"], seats=["first"], iterations=2, eval_every=1, overrides=SMALL)
+    plain = bench_adaptation(out=tmp_path / "plain.json", log=lambda _: None, **common)
+    # A decay this close to 1 keeps the average at the initial weights.
+    doc = bench_adaptation(
+        out=tmp_path / "average.json", log=lambda _: None, average=0.999999, **common
+    )
+    run = doc["results"]["mage"]["first"]["runs"][0]
+    start = run["curve"][0]["ev_by_episode"]
+    assert [p["average"]["ev_by_episode"] for p in run["curve"]] == [start] * 3
+    assert run["eval_average"] == 0.999999 and run["average"] == run["curve"][-1]["average"]
+    # Rollouts still sample from the trained weights: the run trains as without averaging.
+    reference = plain["results"]["mage"]["first"]["runs"][0]
+    assert [p["ev_by_episode"] for p in run["curve"]] == [
+        p["ev_by_episode"] for p in reference["curve"]
+    ]
+    assert doc["setup"]["eval_average"] == 0.999999
+    with pytest.raises(ValueError, match="decay in"):
+        bench_adaptation(out=tmp_path / "bad.json", log=lambda _: None, average=1.0, **common)
+
+
 def test_reward_to_go_applies_to_the_differential_methods_only() -> None:
     # One command line for every method: the methods whose reward has no previous-episode
     # term train without it instead of failing the config check.

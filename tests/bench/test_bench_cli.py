@@ -61,7 +61,7 @@ DEFAULTS = {
     "adaptation": dict(
         config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
         iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
-        pretrain_epochs=None, eval_every=10, model=None, layout=None,
+        pretrain_epochs=None, eval_every=10, eval_average=0.0, model=None, layout=None,
         out="runs/adaptation/adaptation.json",
         runs_dir=None, fresh=False,
     ),
