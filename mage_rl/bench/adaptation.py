@@ -189,8 +189,6 @@ def run_method(
     )
     tasks, weights = exact_eval_tasks(eval_cfg, resolve_seat(seat, 0), deal_seeds)
     k = eval_cfg.meta.episodes
-    if not 0.0 <= average < 1.0:
-        raise ValueError(f"average={average}: give a decay in [0, 1) (0: no average)")
     averaged = (
         {
             n: t.detach().float().clone()
@@ -317,6 +315,8 @@ def bench_adaptation(
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; valid: {', '.join(METHODS)}")
+    if not 0.0 <= average < 1.0:
+        raise ValueError(f"average={average}: give a decay in [0, 1) (0: no average)")
     bad_seats = sorted(set(seats) - set(SEATS))
     if bad_seats:
         raise ValueError(f"unknown seat(s) {bad_seats}; valid: first, second")

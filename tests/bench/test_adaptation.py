@@ -30,7 +30,7 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     torch.set_num_threads(2)
     argv = ["bench", "adaptation", "--methods", "mage,gigpo_single,mage_mixed_groups"]
     argv += ["--seats", "first", "--iterations", "1", "--eval-every", "1", "--out", str(out)]
-    argv += ["--layout", "conversation"]
+    argv += ["--layout", "conversation", "--eval-average", "0.999999"]
     argv += [a for s in SMALL for a in ("--set", s)]
     try:
         assert main([*argv, "--threads", "1"]) == 0
@@ -48,7 +48,13 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
         assert len(cell["ev_by_episode"]) == 2
         assert cell["last_episode_ev"] == cell["ev_by_episode"][-1]
         assert cell["seeds"] == [0]
-        assert [p["iteration"] for p in cell["runs"][0]["curve"]] == [0, 1]
+        curve = cell["runs"][0]["curve"]
+        assert [p["iteration"] for p in curve] == [0, 1]
+        # The moving average is evaluated beside the trained weights; a decay this close
+        # to 1 keeps it at the initial weights.
+        start = curve[0]["ev_by_episode"]
+        assert [p["average"]["ev_by_episode"] for p in curve] == [start, start]
+        assert cell["runs"][0]["average"] == curve[-1]["average"]
     gigpo = saved["results"]["gigpo_single"]["first"]["runs"][0]["config"]
     assert gigpo["meta"]["episodes"] == 1 and gigpo["rollout"]["group_size"] == 4
     assert gigpo["meta"]["layout"] == "conversation"
@@ -58,6 +64,7 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     assert "| mage |" in format_table(saved)
     # The file and every run say what produced them, thread count first.
     assert saved["provenance"]["torch_threads"] == 1
+    assert saved["setup"]["eval_average"] == 0.999999
     assert saved["provenance"]["versions"]["torch"] == torch.__version__
     for cell in (saved["results"][m]["first"] for m in saved["results"]):
         assert cell["runs"][0]["provenance"]["torch_threads"] == 1
@@ -65,39 +72,26 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     # Each run ends with a checkpoint of its final policy, a loadable HF model.
     models = sorted(tmp_path.glob("**/checkpoints/iter_000001/model/config.json"))
     assert len(models) == 3
-    # A second call keeps the finished runs instead of training again.
+    # A second call keeps the finished runs instead of training again (with the same
+    # settings only: a run without the average is not one of them).
+    again = dict(methods=["mage"], seats=["first"], iterations=1, eval_every=1, out=out)
     lines.clear()
-    bench_adaptation(
-        methods=["mage"],
-        seats=["first"],
-        iterations=1,
-        eval_every=1,
-        out=out,
-        overrides=SMALL,
-        log=lines.append,
-    )
+    bench_adaptation(**again, overrides=SMALL, log=lines.append, average=0.999999)
     assert any("kept" in line for line in lines)
 
 
-def test_a_moving_average_of_the_weights_is_evaluated_beside_the_trained_ones(tmp_path) -> None:
+@pytest.mark.slow
+def test_rollouts_after_evaluating_the_average_use_the_trained_weights(tmp_path) -> None:
+    # The average is evaluated after iteration 1; iteration 2 must sample from the trained
+    # weights again, so the run trains exactly as without averaging.
     common = dict(methods=["mage"], seats=["first"], iterations=2, eval_every=1, overrides=SMALL)
     plain = bench_adaptation(out=tmp_path / "plain.json", log=lambda _: None, **common)
-    # A decay this close to 1 keeps the average at the initial weights.
-    doc = bench_adaptation(
-        out=tmp_path / "average.json", log=lambda _: None, average=0.999999, **common
-    )
-    run = doc["results"]["mage"]["first"]["runs"][0]
-    start = run["curve"][0]["ev_by_episode"]
-    assert [p["average"]["ev_by_episode"] for p in run["curve"]] == [start] * 3
-    assert run["eval_average"] == 0.999999 and run["average"] == run["curve"][-1]["average"]
-    # Rollouts still sample from the trained weights: the run trains as without averaging.
-    reference = plain["results"]["mage"]["first"]["runs"][0]
-    assert [p["ev_by_episode"] for p in run["curve"]] == [
-        p["ev_by_episode"] for p in reference["curve"]
+    doc = bench_adaptation(out=tmp_path / "avg.json", log=lambda _: None, average=0.5, **common)
+    curves = [
+        [p["ev_by_episode"] for p in d["results"]["mage"]["first"]["runs"][0]["curve"]]
+        for d in (plain, doc)
     ]
-    assert doc["setup"]["eval_average"] == 0.999999
-    with pytest.raises(ValueError, match="decay in"):
-        bench_adaptation(out=tmp_path / "bad.json", log=lambda _: None, average=1.0, **common)
+    assert curves[0] == curves[1]
 
 
 def test_reward_to_go_applies_to_the_differential_methods_only() -> None:
@@ -117,6 +111,8 @@ def test_reward_to_go_applies_to_the_differential_methods_only() -> None:
 def test_unknown_method_is_named() -> None:
     with pytest.raises(ValueError, match="valid: " + ", ".join(METHODS)):
         bench_adaptation(methods=["nope"], out="unused.json")
+    with pytest.raises(ValueError, match="decay in"):
+        bench_adaptation(methods=["mage"], out="unused.json", average=1.0)
 
 
 def test_pretrained_start_and_time_budget(tmp_path) -> None:
