@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from mage_rl.policy.models import DType
 
 MODES = ("batched", "sequential")
-POPULATIONS = {"kuhn_poker": "kuhn_train", "tic_tac_toe": "ttt_train"}
+# The population each benchmarked environment plays: opponents, or Sokoban's room variants.
+POPULATIONS = {"kuhn_poker": "kuhn_train", "tic_tac_toe": "ttt_train", "sokoban": "sokoban_train"}
 
 logger = logging.getLogger(__name__)
 
@@ -182,13 +183,15 @@ def rollout_setup(
     """
     from mage_rl import runtime
     from mage_rl.config import RunConfig
+    from mage_rl.envs.registry import env_spec
     from mage_rl.policy.models import load_model
 
     if env not in POPULATIONS:
         raise ValueError(f"env={env!r} is not benchmarked; use one of {sorted(POPULATIONS)}")
+    seat = "first" if env_spec(env).single_agent else "sampled"
     cfg = RunConfig.model_validate(
         {
-            "env": {"name": env, "population": POPULATIONS[env], "seat": "sampled"},
+            "env": {"name": env, "population": POPULATIONS[env], "seat": seat},
             "meta": {
                 "episodes": episodes,
                 "context": "reflection",

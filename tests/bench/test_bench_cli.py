@@ -156,3 +156,10 @@ def test_each_throughput_command_calls_its_benchmark_with_its_own_keywords(
         assert seen["specs"] == list(DEFAULT_SPECS)
     if what == "vllm":
         assert seen["engines"] == ["vllm", "local"]
+
+
+def test_the_environment_choices_are_the_benchmarked_ones() -> None:
+    from mage_rl.bench.cli import ENVS
+    from mage_rl.bench.rollout import POPULATIONS
+
+    assert set(ENVS) == set(POPULATIONS)
