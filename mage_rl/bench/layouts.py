@@ -56,7 +56,7 @@ def bench_layouts(
 
     Args:
         model: Model spec for :func:`~mage_rl.policy.models.load_model`.
-        env: ``kuhn_poker`` or ``tic_tac_toe``.
+        env: ``kuhn_poker``, ``tic_tac_toe`` or ``sokoban``.
         prompt: Play prompt style, ``compact`` or ``standard``.
         constrain: Constrained decoding of the action.
         meta_episodes: Meta-episodes played at once and trained in one update.

@@ -53,7 +53,7 @@ def bench_reuse(
     Args:
         model: Model spec for :func:`~mage_rl.policy.models.load_model`.
         meta_episodes: Meta-episodes played at once (the engine's ``max_batch_size``).
-        env: ``kuhn_poker`` or ``tic_tac_toe``.
+        env: ``kuhn_poker``, ``tic_tac_toe`` or ``sokoban``.
         episodes: K, episodes per meta-episode (all are played).
         max_tokens: Response limit of play turns (reflect turns get twice as many).
         dtype: Model dtype: ``auto``, ``bf16`` or ``fp32``.

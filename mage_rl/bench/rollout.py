@@ -64,7 +64,7 @@ def bench_rollout(
         meta_episodes: Meta-episodes played at once (one task instance each); also the
             batched engine's ``max_batch_size``. More gives batching more to share, and
             makes the sequential mode proportionally slower.
-        env: ``kuhn_poker`` or ``tic_tac_toe`` (with its training population).
+        env: ``kuhn_poker``, ``tic_tac_toe`` or ``sokoban`` (with its training population or rooms).
         episodes: K, episodes per meta-episode (all are played).
         max_tokens: Response limit of play turns; reflect turns get twice as many, as in
             training (``configs/kuhn_smollm2.yaml`` uses 32).
