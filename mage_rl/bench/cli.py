@@ -23,6 +23,8 @@ from typing import Any
 
 from rich.console import Console
 
+from mage_rl.bench.rollout import POPULATIONS
+
 log = logging.getLogger(__name__)
 console = Console()
 
@@ -87,9 +89,6 @@ def _throughput(name: str, *flags: str, **derived: Callable[[argparse.Namespace]
     return run
 
 
-# The environments the rollout benchmarks play (mage_rl.bench.rollout.POPULATIONS; kept
-# here so that building the parser imports no benchmark).
-ENVS = ("kuhn_poker", "tic_tac_toe", "sokoban")
 _MODEL = ("model", "seed")
 _DECODING = ("max_tokens", "dtype", "rounds")
 
@@ -243,7 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = benches.add_parser("rollout", help="batched vs sequential decoding of meta-episodes")
     _add_model(p)
     p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
-    p.add_argument("--env", default="kuhn_poker", choices=ENVS)
+    p.add_argument("--env", default="kuhn_poker", choices=list(POPULATIONS))
     p.add_argument("--episodes", type=int, default=3, help="K")
     _add_decoding(p)
     _add_common(p)
@@ -254,7 +253,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = benches.add_parser("reuse", help="rollout time with and without KV prefix reuse")
     _add_model(p)
     p.add_argument("--meta-episodes", type=int, default=16, help="concurrent meta-episodes")
-    p.add_argument("--env", default="kuhn_poker", choices=ENVS)
+    p.add_argument("--env", default="kuhn_poker", choices=list(POPULATIONS))
     p.add_argument("--episodes", type=int, default=3, help="K")
     p.add_argument("--layout", default="conversation", choices=["conversation", "rerendered"])
     _add_decoding(p)
@@ -267,7 +266,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "layouts", help="re-rendered vs conversation layout: rollouts (reuse off/on) and learner"
     )
     _add_model(p)
-    p.add_argument("--env", default="kuhn_poker", choices=ENVS)
+    p.add_argument("--env", default="kuhn_poker", choices=list(POPULATIONS))
     p.add_argument("--prompt", default="compact", choices=["compact", "standard"])
     p.add_argument(
         "--constrain", action=argparse.BooleanOptionalAction, default=True,

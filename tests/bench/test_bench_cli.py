@@ -159,7 +159,10 @@ def test_each_throughput_command_calls_its_benchmark_with_its_own_keywords(
 
 
 def test_the_environment_choices_are_the_benchmarked_ones() -> None:
-    from mage_rl.bench.cli import ENVS
     from mage_rl.bench.rollout import POPULATIONS
 
-    assert set(ENVS) == set(POPULATIONS)
+    for what in ("rollout", "reuse", "layouts"):
+        for env in POPULATIONS:
+            assert bench_args([what, "--env", env]).env == env
+        with pytest.raises(SystemExit):
+            bench_args([what, "--env", "chess"])
