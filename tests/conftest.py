@@ -17,6 +17,7 @@ counts set their own and put this one back.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,16 +55,30 @@ KUHN_TINY = Path(__file__).parents[1] / "configs" / "kuhn_tiny.yaml"
 
 
 @pytest.fixture(scope="session")
-def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """``mage train configs/kuhn_tiny.yaml`` for two iterations on the local backend.
 
     The CLI tests read it and the Ray backend tests compare their run with it. It is
-    shared: a test that would change it (a resume) works on a copy.
+    shared, by the tests of one process and by pytest-xdist's worker processes (the
+    first to need it trains it under a file lock, the others wait and read it): a test
+    that would change it (a resume) works on a copy.
     """
+    from filelock import FileLock
+
     from mage_rl.cli import main
 
-    run = tmp_path_factory.mktemp("runs") / "kuhn_tiny"
-    overrides = ["train.iterations=2", "eval.tasks=2"]
-    args = ["train", str(KUHN_TINY), "--run-dir", str(run), "--no-progress"]
-    assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # the workers' folders share their parent
+        root = root.parent
+    run = root / "shared-runs" / "kuhn_tiny"
+    done = run.with_name("kuhn_tiny.done")
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(run.with_name("kuhn_tiny.lock"))):
+        if not done.exists():
+            if run.exists():  # a worker that failed midway left it
+                shutil.rmtree(run)
+            overrides = ["train.iterations=2", "eval.tasks=2"]
+            args = ["train", str(KUHN_TINY), "--run-dir", str(run), "--no-progress"]
+            assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
+            done.touch()
     return run

@@ -33,10 +33,13 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, local_ray, kuhn_tiny_run: Path) -> tuple[Path, Path]:
-    """The same config trained with backend ray (2 workers) and backend local (the
-    session's shared run, trained with these settings)."""
+    """The same config trained with backend ray (2 workers, one iteration) and backend
+    local (the session's shared run, trained with these settings for two iterations).
+
+    One iteration covers the whole path: the workers roll out with the first weights,
+    the driver updates, and the evaluation runs on the workers with the updated ones."""
     root = tmp_path_factory.mktemp("runs")
-    common = ["--set", "train.iterations=2", "--set", "eval.tasks=2", "--no-progress"]
+    common = ["--set", "train.iterations=1", "--set", "eval.tasks=2", "--no-progress"]
     code = main(["train", str(CONFIG), "--backend", "ray", "--run-dir", str(root / "ray"),
                  "--set", "train.num_workers=2", *common])  # fmt: skip
     assert code == 0
@@ -48,11 +51,13 @@ def runs(tmp_path_factory, local_ray, kuhn_tiny_run: Path) -> tuple[Path, Path]:
 def test_ray_backend_writes_the_local_backends_artifacts(runs: tuple[Path, Path]) -> None:
     ray_run, local_run = runs
     ray_lines, local_lines = _metrics(ray_run), _metrics(local_run)
-    assert [x["iteration"] for x in ray_lines] == [x["iteration"] for x in local_lines]
-    # Same tags, line by line: the TensorBoard and JSONL formats match the local backend.
-    assert [sorted(x) for x in ray_lines] == [sorted(x) for x in local_lines]
+    # One line per iteration, then the final evaluation's, as in the local run.
+    assert [x["iteration"] for x in ray_lines] == [1, 1]
+    # Same tags: the TensorBoard and JSONL formats match the local backend's.
+    assert sorted(ray_lines[0]) == sorted(local_lines[0])
+    assert sorted(ray_lines[-1]) == sorted(local_lines[-1])
     assert list((ray_run / "tb").glob("events.out.tfevents.*"))
-    assert (ray_run / "eval" / "iter_000002.json").exists()
+    assert (ray_run / "eval" / "iter_000001.json").exists()
     saved = TrainConfig.model_validate(
         __import__("yaml").safe_load((ray_run / "config.yaml").read_text())
     )
@@ -63,7 +68,7 @@ def test_ray_backend_changed_the_weights(runs: tuple[Path, Path]) -> None:
     from mage_rl.policy.models import load_model
 
     initial, _ = load_model("tiny", dtype="fp32")
-    trained = load_file(runs[0] / "checkpoints" / "iter_000002" / "model" / "model.safetensors")
+    trained = load_file(runs[0] / "checkpoints" / "iter_000001" / "model" / "model.safetensors")
     assert any(
         not torch.equal(v, trained[k]) for k, v in initial.state_dict().items() if k in trained
     )
