@@ -82,3 +82,23 @@ def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
             assert main(args + [a for o in overrides for a in ("--set", o)]) == 0
             done.touch()
     return run
+
+
+
+# The modules whose tests take 5 s or more (see `--durations`), started first: pytest-xdist
+# hands out tests in collection order, and a long test handed out last keeps one worker
+# busy while the other has nothing left to do.
+LONG_MODULES = (
+    "tests/bench/test_adaptation.py",
+    "tests/test_plugins.py",
+    "tests/train/test_new_game_configs.py",
+    "tests/train/test_train_cli.py",
+    "tests/serve/test_shutdown_keys.py",
+    "tests/graphs/test_tracing.py",
+    "tests/cluster/test_core_without_cluster_stack.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of :data:`LONG_MODULES` first, each part in its collection order."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONG_MODULES)

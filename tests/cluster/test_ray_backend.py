@@ -1,4 +1,10 @@
-"""backend: ray trains the tiny Kuhn config on a real local Ray with two rollout workers."""
+"""backend: ray trains the tiny Kuhn config on a real local Ray with two rollout workers.
+
+The tests that start Ray are long (about 30 s on two cores: Ray's processes, then two
+worker processes that each import torch and transformers), so they are marked ``slow``:
+CI runs them in its second step (``pytest -m slow``). The worker's own test runs in the
+default set, in-process.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ def runs(tmp_path_factory, local_ray, kuhn_tiny_run: Path) -> tuple[Path, Path]:
     return root / "ray", kuhn_tiny_run
 
 
+@pytest.mark.slow
 def test_ray_backend_writes_the_local_backends_artifacts(runs: tuple[Path, Path]) -> None:
     ray_run, local_run = runs
     ray_lines, local_lines = _metrics(ray_run), _metrics(local_run)
@@ -64,6 +71,7 @@ def test_ray_backend_writes_the_local_backends_artifacts(runs: tuple[Path, Path]
     assert saved.train.backend == "ray" and saved.train.num_workers == 2
 
 
+@pytest.mark.slow
 def test_ray_backend_changed_the_weights(runs: tuple[Path, Path]) -> None:
     from mage_rl.policy.models import load_model
 
@@ -93,7 +101,8 @@ def test_worker_plays_with_the_weights_it_was_sent() -> None:
         worker.close()
 
 
-def test_graphs_drive_standin_engines_running_as_ray_actors(runs, local_ray) -> None:
+@pytest.mark.slow
+def test_graphs_drive_standin_engines_running_as_ray_actors(local_ray) -> None:
     """As on a cluster: engines are Ray actors and the policy awaits their ObjectRefs."""
     from mage_rl import runtime
     from mage_rl.cluster.standin import LocalVLLMEngine, sampling_params_namespace
