@@ -29,6 +29,7 @@ noise. The results file and its plots are :mod:`mage_rl.bench.adaptation_results
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -171,7 +172,8 @@ def run_method(
     ``run_dir/checkpoints/iter_NNNNNN``. With ``average`` in (0, 1), an exponential
     moving average of the weights (``avg = average * avg + (1 - average) * new`` after
     each update) is evaluated too, at the same points, under each point's ``average``
-    key; rollouts and updates use the trained weights as always.
+    key (at iteration 0 it is the trained weights, whose values it copies); rollouts
+    and updates use the trained weights as always.
     """
     from mage_rl import runtime
     from mage_rl.cluster.backends import trainer_class
@@ -202,8 +204,12 @@ def run_method(
         start = time.perf_counter()
         records = runtime.run_rollouts(eval_cfg, eval_graph, greedy, tasks, 1)
         point = {"iteration": iteration, "train_seconds": round(train_seconds, 2)}
-        point |= exact_ev(records, weights, k)
-        if averaged:
+        values = exact_ev(records, weights, k)
+        point |= values
+        if averaged and iteration == 0:
+            # Before any update the average is the trained weights: the same values.
+            point["average"] = copy.deepcopy(values)
+        elif averaged:
             trainer.engine.update_weights(averaged)
             records = runtime.run_rollouts(eval_cfg, eval_graph, greedy, tasks, 1)
             point["average"] = exact_ev(records, weights, k)
