@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.decisions import action_counts, decisions_table
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
 from mage_rl.rl.train_eval import UNTRAINED, baseline_labels
@@ -86,14 +87,31 @@ def _last_ev(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None
     return plain["ev@k"][-1] if plain and "ev@k" in plain else None
 
 
-def _rows(run_dir: Path, cfg: Any, final: str) -> list[tuple[str, dict[str, Any]]]:
-    rows = []
+def _agents(run_dir: Path, cfg: Any, final: str, suffix: str) -> list[tuple[str, Path]]:
+    """``(row name, file)`` of each agent evaluated in the run: baselines, then trained."""
+    named = []
     for label in [*baseline_labels(cfg), final]:
-        path = run_dir / "eval" / f"{label}.json"
+        path = run_dir / "eval" / f"{label}{suffix}"
         if path.exists():
-            name = f"trained ({label})" if label == final else label
-            rows.append((name, json.loads(path.read_text())))
-    return rows
+            named.append((f"trained ({label})" if label == final else label, path))
+    return named
+
+
+def _rows(run_dir: Path, cfg: Any, final: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, json.loads(p.read_text())) for name, p in _agents(run_dir, cfg, final, ".json")]
+
+
+def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str] | None, dict[str, Any]]:
+    """The table of what each agent plays at each state, and its counts for report.json
+    (both empty when the game has too many states for a table)."""
+    agents = []
+    for name, path in _agents(run_dir, cfg, final, ".jsonl"):
+        with path.open() as lines:
+            agents.append((name, action_counts(json.loads(x) for x in lines if x.strip())))
+    table = decisions_table(agents)
+    if table is None:
+        return None, {}
+    return table, {name: {s: dict(c) for s, c in counts.items()} for name, counts in agents}
 
 
 def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
@@ -233,6 +251,10 @@ def write_training_report(
         for name, summary in rows:
             cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    decisions, counts = _decisions(run_dir, cfg, final)
+    if decisions:
+        lines += ["", "What each agent answered at each decision state, over every hand of the "
+                  "evaluation (share of each action, number of answers):", "", *decisions]  # fmt: skip
     if oracle:
         from mage_rl.envs import game_rules
 
@@ -259,6 +281,8 @@ def write_training_report(
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
     doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict}
+    if counts:
+        doc["decisions"] = counts
     write_results(run_dir / "report.json", doc, started=started)
     stamp = doc["provenance"]
     lines += [

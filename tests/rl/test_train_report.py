@@ -49,6 +49,17 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
     doc = json.loads((run / "report.json").read_text())
     assert doc["oracle"]["first"]["best_fixed"] == pytest.approx(1 / 6)
     assert doc["verdict"] and doc["provenance"]["wall_seconds"] > 1  # the whole run, not the report
+    # What each agent answered at each state: the first seat against one opponent has
+    # two kinds of decision per card; every play answer of the evaluation is counted.
+    assert "What each agent answered at each decision state" in report
+    decisions = doc["decisions"]
+    assert set(decisions) == {"untrained", "react", "trained (iter_000001)"}
+    assert all(state.startswith("Your card: ") for state in decisions["untrained"])
+    plays = sum(
+        1 for x in (run / "eval" / "untrained.jsonl").open()
+        for t in json.loads(x)["turns"] if t["kind"] == "play"
+    )  # fmt: skip
+    assert sum(sum(c.values()) for c in decisions["untrained"].values()) == plays
 
 
 def test_eval_settings_that_cannot_work_are_refused() -> None:

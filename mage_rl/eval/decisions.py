@@ -1,0 +1,77 @@
+"""What an agent plays at each decision state, read from its evaluation records.
+
+A mean return says how well a policy does, not what it does. In a game with few
+information states (Kuhn Poker has 12: a card, a seat and the betting so far) the
+answers an agent gave at each state show it directly: whether it reads its card, or
+plays one action everywhere. The state is a play turn's anchor (the observation the
+model acted on); the action is the last ``<action>`` tag of its answer, or ``invalid``
+when the environment took none.
+
+Used by the training report (``report.md``); games with more states than
+:data:`MAX_STATES` get no table, since one row per state would not be read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from mage_rl.envs.parsing import extract_action
+
+MAX_STATES = 16
+INVALID = "invalid"
+
+
+def action_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, Counter[str]]:
+    """Per decision state, how often each action was answered, over every play turn.
+
+    Args:
+        records: Meta-episode records as stored in evaluation JSONL files.
+
+    Returns:
+        ``{state: Counter({action: count})}``, the state being the turn's anchor on one
+        line; turns without an anchor (reflections, calls of other nodes) are left out.
+    """
+    counts: dict[str, Counter[str]] = {}
+    for record in records:
+        for turn in record.get("turns", []):
+            anchor = turn.get("anchor")
+            if turn.get("kind") != "play" or not anchor:
+                continue
+            action = extract_action(turn.get("text", ""))
+            if turn.get("invalid") or action is None:
+                action = INVALID
+            state = " ".join(line.strip() for line in anchor.splitlines() if line.strip())
+            counts.setdefault(state, Counter())[action] += 1
+    return counts
+
+
+def _cell(counter: Counter[str] | None) -> str:
+    if not counter:
+        return ""
+    total = sum(counter.values())
+    shares = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " · ".join(f"{a} {n / total:.2f}" for a, n in shares) + f" ({total})"
+
+
+def decisions_table(
+    agents: Sequence[tuple[str, Mapping[str, Counter[str]]]],
+) -> list[str] | None:
+    """A markdown table: one row per decision state, one column per agent.
+
+    Each cell gives the share of each action at that state and, in brackets, the number
+    of answers. Returns ``None`` when no agent has a state or when there are more than
+    :data:`MAX_STATES` states.
+    """
+    states = sorted({s for _, counts in agents for s in counts})
+    if not states or len(states) > MAX_STATES:
+        return None
+    lines = [
+        "| state | " + " | ".join(name for name, _ in agents) + " |",
+        "| --- |" + " --- |" * len(agents),
+    ]
+    for state in states:
+        cells = [_cell(counts.get(state)) for _, counts in agents]
+        lines.append(f"| {state} | " + " | ".join(cells) + " |")
+    return lines

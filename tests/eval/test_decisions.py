@@ -1,0 +1,54 @@
+"""What an agent plays at each decision state: counts from records, the report's table."""
+
+from __future__ import annotations
+
+from mage_rl.eval.decisions import MAX_STATES, action_counts, decisions_table
+
+OPEN_J = "Your card: J.\nBetting so far: none.\nLegal actions: PASS, BET."
+OPEN_K = "Your card: K.\nBetting so far: none.\nLegal actions: PASS, BET."
+
+
+def _turn(anchor: str, text: str, kind: str = "play", invalid: bool = False) -> dict:
+    return {"kind": kind, "anchor": anchor, "text": text, "invalid": invalid}
+
+
+def test_counts_by_state_with_invalid_answers_and_other_turns_left_out() -> None:
+    records = [
+        {"turns": [
+            _turn("", "<remark>bet less</remark>", kind="reflect"),
+            _turn(OPEN_J, "<action>PASS</action>"),
+            _turn(OPEN_K, "I hold the king. <action>BET</action>"),
+        ]},
+        {"turns": [
+            _turn(OPEN_J, "<action>BET</action>"),
+            _turn(OPEN_J, "no tag at all", invalid=True),
+            _turn(OPEN_K, "<action>BET</action>"),
+        ]},
+    ]  # fmt: skip
+    counts = action_counts(records)
+    j, k = (" ".join(a.splitlines()) for a in (OPEN_J, OPEN_K))
+    assert counts == {j: {"PASS": 1, "BET": 1, "invalid": 1}, k: {"BET": 2}}
+
+
+def test_table_rows_are_states_and_columns_agents() -> None:
+    before = action_counts([{"turns": [_turn(OPEN_J, "<action>BET</action>")] * 3}])
+    after = action_counts(
+        [{"turns": [_turn(OPEN_J, "<action>PASS</action>"), _turn(OPEN_K, "<action>BET</action>")]}]
+    )
+    table = decisions_table([("untrained", before), ("trained", after)])
+    assert table is not None
+    assert table[0] == "| state | untrained | trained |"
+    j_row, k_row = table[2:]
+    assert j_row.endswith("| BET 1.00 (3) | PASS 1.00 (1) |")
+    assert k_row.endswith("|  | BET 1.00 (1) |")  # the untrained agent never held the king
+    # Shares ordered by frequency, then by name.
+    mixed = action_counts([{"turns": [_turn(OPEN_J, f"<action>{a}</action>") for a in "BPB"]}])
+    assert decisions_table([("x", mixed)])[2].endswith("| B 0.67 · P 0.33 (3) |")
+
+
+def test_no_table_for_games_with_many_states_or_none() -> None:
+    many = action_counts(
+        [{"turns": [_turn(f"board {i}", "<action>1</action>") for i in range(MAX_STATES + 1)]}]
+    )
+    assert decisions_table([("agent", many)]) is None
+    assert decisions_table([("agent", {})]) is None
