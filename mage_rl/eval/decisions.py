@@ -7,8 +7,9 @@ plays one action everywhere. The state is a play turn's anchor (the observation 
 model acted on); the action is the last ``<action>`` tag of its answer, or ``invalid``
 when the environment took none.
 
-Used by the training report (``report.md``); games with more states than
-:data:`MAX_STATES` get no table, since one row per state would not be read.
+Used by the training report (``report.md``) and the evaluation report (``table.md`` of
+``mage eval``); games with more states than :data:`MAX_STATES` get no table, since one
+row per state would not be read.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ MAX_STATES = 16
 INVALID = "invalid"
 
 
-def action_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, Counter[str]]:
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def action_counts(records: Iterable[Any]) -> dict[str, Counter[str]]:
     """Per decision state, how often each action was answered, over every play turn.
 
     Args:
-        records: Meta-episode records as stored in evaluation JSONL files.
+        records: Meta-episode records: :class:`~mage_rl.records.MetaEpisodeRecord` or
+            their dicts, as stored in evaluation JSONL files.
 
     Returns:
         ``{state: Counter({action: count})}``, the state being the turn's anchor on one
@@ -35,12 +41,12 @@ def action_counts(records: Iterable[Mapping[str, Any]]) -> dict[str, Counter[str
     """
     counts: dict[str, Counter[str]] = {}
     for record in records:
-        for turn in record.get("turns", []):
-            anchor = turn.get("anchor")
-            if turn.get("kind") != "play" or not anchor:
+        for turn in _field(record, "turns") or []:
+            anchor = _field(turn, "anchor")
+            if _field(turn, "kind") != "play" or not anchor:
                 continue
-            action = extract_action(turn.get("text", ""))
-            if turn.get("invalid") or action is None:
+            action = extract_action(_field(turn, "text") or "")
+            if _field(turn, "invalid") or action is None:
                 action = INVALID
             state = " ".join(line.strip() for line in anchor.splitlines() if line.strip())
             counts.setdefault(state, Counter())[action] += 1
@@ -75,3 +81,12 @@ def decisions_table(
         cells = [_cell(counts.get(state)) for _, counts in agents]
         lines.append(f"| {state} | " + " | ".join(cells) + " |")
     return lines
+
+
+def small_game_counts(records: Iterable[Any]) -> dict[str, dict[str, int]] | None:
+    """:func:`action_counts` as plain dicts for a results file, or ``None`` when the
+    records hold more than :data:`MAX_STATES` states (no table would show them)."""
+    counts = action_counts(records)
+    if len(counts) > MAX_STATES:
+        return None
+    return {state: dict(c) for state, c in counts.items()}

@@ -10,6 +10,8 @@ rebuilt at any time, also from an interrupted run (its incomplete cells are mark
 * ``table.md`` (:mod:`mage_rl.eval.tables`): the paper's Table 1 (methods x tasks,
   success@K), then success@k per k, per opponent and seat, and for Kuhn Poker ev@k
   beside the oracle's values;
+  and, for games with few decision states, what each agent answered at each state
+  (:mod:`mage_rl.eval.decisions`);
 * ``plots/success_at_k_<env>.png`` (one line per agent) and
   ``plots/success_at_k_<env>_by_opponent.png`` (one panel per opponent), by
   :mod:`mage_rl.eval.plots`.
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.decisions import small_game_counts
 from mage_rl.eval.metrics import summarize_with_intervals
 from mage_rl.eval.plots import write_plots
 from mage_rl.eval.run_folder import RecordLog, records_path
@@ -98,6 +101,9 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
             summary = summarize_with_intervals(unique, cond["episodes"], cond["level"])
             summary["expected"] = expected
             summary["complete"] = len(unique) == expected
+            decisions = small_game_counts(unique)
+            if decisions:
+                summary["decisions"] = decisions
             results[label][env] = summary
     reference = {}
     if "kuhn_poker" in cond["envs"]:

@@ -8,8 +8,11 @@ oracle's best-fixed and ceiling values.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from mage_rl.eval.decisions import decisions_table
 
 ENV_TITLES = {
     "kuhn_poker": "Kuhn Poker",
@@ -183,9 +186,31 @@ def render_markdown(runs: Sequence[dict[str, Any]]) -> str:
                     ]
                 )
         out += _table(header, table, text=3) + [""]
+        out += _decisions_section(rows, env)
         if env == "kuhn_poker":
             out += _kuhn_ev_section(runs, rows, kmax)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _decisions_section(rows: Sequence[tuple[str, dict[str, Any], str]], env: str) -> list[str]:
+    """What each agent answered at each decision state, when the game has few states."""
+    agents = []
+    for name, run, label in rows:
+        cell = result_cell(run, label, env)
+        if cell and cell.get("decisions"):
+            agents.append((name, {s: Counter(c) for s, c in cell["decisions"].items()}))
+    table = decisions_table(agents) if agents else None
+    if table is None:
+        return []
+    return [
+        "### Answers by decision state",
+        "",
+        "The share of each action at each state over every episode, and the number of "
+        "answers; `invalid`: no legal action taken.",
+        "",
+        *table,
+        "",
+    ]
 
 
 def _kuhn_ev_section(

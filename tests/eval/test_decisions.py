@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mage_rl.eval.decisions import MAX_STATES, action_counts, decisions_table
+from mage_rl.eval.decisions import MAX_STATES, action_counts, decisions_table, small_game_counts
+from mage_rl.records import MetaEpisodeRecord
 
 OPEN_J = "Your card: J.\nBetting so far: none.\nLegal actions: PASS, BET."
 OPEN_K = "Your card: K.\nBetting so far: none.\nLegal actions: PASS, BET."
@@ -52,3 +53,19 @@ def test_no_table_for_games_with_many_states_or_none() -> None:
     )
     assert decisions_table([("agent", many)]) is None
     assert decisions_table([("agent", {})]) is None
+    many_states = [{"turns": [_turn(f"board {i}", "<action>1</action>") for i in range(17)]}]
+    assert small_game_counts(many_states) is None
+    assert small_game_counts([{"turns": []}]) == {}
+
+
+def test_record_objects_count_like_their_dicts() -> None:
+    record = {
+        "uid": "u", "rollout": 0, "env": "kuhn_poker", "seed": 1, "opponent": "kuhn:aggressive",
+        "seat": 0, "turns": [_turn(OPEN_J, "<action>PASS</action>") | {"episode": 0, "step": 0}],
+    }  # fmt: skip
+    obj = MetaEpisodeRecord.from_dict(record)
+    assert (
+        action_counts([obj])
+        == action_counts([record])
+        == {" ".join(OPEN_J.splitlines()): {"PASS": 1}}
+    )

@@ -76,6 +76,13 @@ def test_eval_writes_results_table_and_plots(run_dir: Path) -> None:
     assert "| Method | Kuhn Poker |" in table
     assert "| react |" in table and "| reflexion |" in table
     assert "best fixed" in table
+    # What each agent answered at each state: every play turn of the cell, by card.
+    assert "### Answers by decision state" in table
+    decisions = results["results"]["react"]["kuhn_poker"]["decisions"]
+    assert all(state.startswith("Your card: ") for state in decisions)
+    react = read_lines(records_path(run_dir, "react", "kuhn_poker"))
+    plays = sum(t["kind"] == "play" for r in react for t in r["turns"])
+    assert sum(sum(c.values()) for c in decisions.values()) == plays
     pngs = sorted((run_dir / "plots").glob("*.png"))
     assert [p.name for p in pngs] == [
         "success_at_k_kuhn_poker.png",
