@@ -79,7 +79,8 @@ def decisions_table(
     ]
     for state in states:
         cells = [_cell(counts.get(state)) for _, counts in agents]
-        lines.append(f"| {state} | " + " | ".join(cells) + " |")
+        escaped = state.replace("|", r"\|")  # a '|' in an observation would split the row
+        lines.append(f"| {escaped} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -45,6 +45,9 @@ def test_table_rows_are_states_and_columns_agents() -> None:
     # Shares ordered by frequency, then by name.
     mixed = action_counts([{"turns": [_turn(OPEN_J, f"<action>{a}</action>") for a in "BPB"]}])
     assert decisions_table([("x", mixed)])[2].endswith("| B 0.67 · P 0.33 (3) |")
+    # A '|' in an observation does not split its row.
+    boxed = action_counts([{"turns": [_turn("a|b", "<action>X</action>")]}])
+    assert decisions_table([("x", boxed)])[2] == "| a\\|b | X 1.00 (1) |"
 
 
 def test_no_table_for_games_with_many_states_or_none() -> None:
