@@ -53,18 +53,21 @@ def action_counts(records: Iterable[Any]) -> dict[str, Counter[str]]:
     return counts
 
 
-def _cell(counter: Counter[str] | None) -> str:
-    if not counter:
+def _cell(counts: Mapping[str, int] | None) -> str:
+    if not counts:
         return ""
-    total = sum(counter.values())
-    shares = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+    total = sum(counts.values())
+    shares = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return " · ".join(f"{a} {n / total:.2f}" for a, n in shares) + f" ({total})"
 
 
 def decisions_table(
-    agents: Sequence[tuple[str, Mapping[str, Counter[str]]]],
+    agents: Sequence[tuple[str, Mapping[str, Mapping[str, int]]]],
 ) -> list[str] | None:
     """A markdown table: one row per decision state, one column per agent.
+
+    ``agents`` pairs each column's name with its counts (:func:`action_counts`, or
+    :func:`small_game_counts` as read back from a results file).
 
     Each cell gives the share of each action at that state and, in brackets, the number
     of answers. Returns ``None`` when no agent has a state or when there are more than

@@ -8,7 +8,6 @@ oracle's best-fixed and ceiling values.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,7 +197,7 @@ def _decisions_section(rows: Sequence[tuple[str, dict[str, Any], str]], env: str
     for name, run, label in rows:
         cell = result_cell(run, label, env)
         if cell and cell.get("decisions"):
-            agents.append((name, {s: Counter(c) for s, c in cell["decisions"].items()}))
+            agents.append((name, cell["decisions"]))
     table = decisions_table(agents) if agents else None
     if table is None:
         return []

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mage_rl.eval.decisions import action_counts, decisions_table
+from mage_rl.eval.decisions import decisions_table, small_game_counts
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
 from mage_rl.rl.train_eval import UNTRAINED, baseline_labels
@@ -107,11 +107,12 @@ def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str] | None, d
     agents = []
     for name, path in _agents(run_dir, cfg, final, ".jsonl"):
         with path.open() as lines:
-            agents.append((name, action_counts(json.loads(x) for x in lines if x.strip())))
+            counts = small_game_counts(json.loads(x) for x in lines if x.strip())
+        if counts is None:  # too many states for a table
+            return None, {}
+        agents.append((name, counts))
     table = decisions_table(agents)
-    if table is None:
-        return None, {}
-    return table, {name: {s: dict(c) for s, c in counts.items()} for name, counts in agents}
+    return (table, dict(agents)) if table else (None, {})
 
 
 def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
