@@ -121,6 +121,12 @@ class PolicyConfig(_Strict):
         "a legal action A, from the model's distribution restricted to those strings; the "
         "learner scores the same restricted distribution. Local engine only.",
     )
+    answer_lead: bool = Field(
+        False,
+        description="With constrain_actions: every play answer restates the environment's "
+        "private fact first (Kuhn Poker: the card, as 'K <action>BET</action>'), so the "
+        "action is chosen right next to it. Kuhn Poker, Leduc Hold'em and Liar's Dice.",
+    )
     engine: Literal["local", "vllm"] = Field(
         "local",
         description="local: the batched engine in this process; vllm: a vLLM server that "
@@ -201,6 +207,11 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"meta.agent=react keeps no memory across episodes, but meta.context="
                 f"{self.meta.context!r}; set meta.context: none"
+            )
+        if self.policy.answer_lead and not self.policy.constrain_actions:
+            raise ValueError(
+                "policy.answer_lead is written by constrained decoding; set "
+                "policy.constrain_actions: true with it"
             )
         if self.meta.agent == "react" and self.policy.constrain_actions:
             raise ValueError(

@@ -30,6 +30,7 @@ def graph_options(cfg: RunConfig) -> GraphOptions:
         reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
         prompt=cfg.meta.prompt,
         constrain_actions=cfg.policy.constrain_actions,
+        answer_lead=cfg.policy.answer_lead,
         layout=cfg.meta.layout,
     )
 

@@ -75,6 +75,8 @@ class EvalConfig(EvalSettings):
             self.reflect_max_tokens = 2 * self.max_tokens
         if self.prompt not in ("standard", "compact"):
             raise ValueError(f"prompt={self.prompt!r} must be standard or compact")
+        if self.answer_lead and not self.constrain_actions:
+            raise ValueError("answer_lead needs constrain_actions (the lead is forced)")
         if self.constrain_actions:
             for agent in self.agents:
                 if agent.style == "react" or agent.is_endpoint:
@@ -115,6 +117,7 @@ class EvalConfig(EvalSettings):
             reflect_max_tokens=int(self.reflect_max_tokens or 2 * self.max_tokens),
             prompt=self.prompt,
             constrain_actions=self.constrain_actions,
+            answer_lead=self.answer_lead,
         )
 
 

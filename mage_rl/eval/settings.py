@@ -124,6 +124,11 @@ class EvalSettings:
         help="constrained decoding on play turns (local models), as policy.constrain_actions "
         "in training: evaluate a model trained with it the same way",
     )
+    answer_lead: bool = setting(
+        False,
+        help="with --constrain-actions, answers restate the private fact first, as "
+        "policy.answer_lead in training: evaluate a model trained with it the same way",
+    )
     keep_ids: bool = setting(
         False,
         help="keep every call's token ids and log-probs in records/*.jsonl (from the local "

@@ -66,6 +66,19 @@ def message_text(message: BaseMessage) -> str:
     )
 
 
+def lead_of(ctx: MetaEpisodeContext) -> str:
+    """What a constrained answer writes before its action tag (``answer_lead``), or ''."""
+    if not ctx.options.answer_lead:
+        return ""
+    lead = ctx.env.answer_lead
+    if not lead:
+        raise ValueError(
+            f"answer_lead is on, but {type(ctx.env).__name__} names no lead for its answers "
+            "(TextEnv.answer_lead is empty); turn policy.answer_lead off for this environment"
+        )
+    return f"{lead} "
+
+
 def play_prompt(state: MetaEpisodeState, ctx: MetaEpisodeContext) -> list[Message]:
     """The play prompt of the current step, as the built-in ``play`` sends it."""
     opts = ctx.options
@@ -124,7 +137,7 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     opts = ctx.options
     choices = None
     if opts.constrain_actions:
-        choices = [f"<action>{a}</action>" for a in ctx.env.legal_actions()]
+        choices = [lead_of(ctx) + f"<action>{a}</action>" for a in ctx.env.legal_actions()]
     if opts.layout == "conversation":
         reply, conversation = await conversation_call(
             state, ctx, play_prompt(state, ctx), step_message(state, ctx),
