@@ -84,7 +84,6 @@ def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
     return run
 
 
-
 # The modules whose tests take 5 s or more (see `--durations`), started first: pytest-xdist
 # hands out tests in collection order, and a long test handed out last keeps one worker
 # busy while the other has nothing left to do.

@@ -73,3 +73,13 @@ def test_answer_lead_is_refused_where_it_cannot_hold() -> None:
         with pytest.raises(ValueError, match="names no lead"):
             asyncio.run(mage_graph(options).run(env, llm, task_seed=1,
                                                 opponent="tictactoe:random"))  # fmt: skip
+
+
+def test_mage_eval_carries_the_lead_into_the_graph() -> None:
+    from mage_rl.eval.conditions import AgentSpec, EvalConfig
+
+    agents = [AgentSpec("mage", "mage", "tiny")]
+    cfg = EvalConfig(agents=agents, envs=["kuhn"], n=2, constrain_actions=True, answer_lead=True)
+    assert cfg.graph_options().answer_lead and cfg.conditions()["answer_lead"]
+    with pytest.raises(ValueError, match="answer_lead needs constrain_actions"):
+        EvalConfig(agents=agents, envs=["kuhn"], n=2, answer_lead=True)
