@@ -50,11 +50,13 @@ Estimator = Literal["gigpo", "grpo"]
 Norm = Literal["mean_norm", "mean_std_norm"]
 AnchorScope = Literal["global", "local"]
 Grouping = Literal["stationary", "mixed"]
+StepPool = Literal["group", "batch"]
 
 ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
 NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
+STEP_POOLS: tuple[str, ...] = ("group", "batch")
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,12 @@ class AdvantageConfig:
             opponents share baselines.
         omega: Weight of the step-level advantage in ``A = A_E + omega * A_S`` (GiGPO
             eq. 8; 1.0 in the paper). 0 reduces GiGPO to its episode-level part.
+        step_pool: Where step-level anchor groups are formed. ``"group"`` (GiGPO, MAGE):
+            inside one uid group, so a state's baseline comes from the G rollouts of
+            one task. ``"batch"`` (ablation): across the whole batch, so every turn on
+            the same anchor key (observation and, under ``stationary`` grouping, the
+            opponent id) shares one baseline whatever task it came from; with few
+            rollouts per task this gives most turns a baseline of their own state.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
@@ -92,6 +100,7 @@ class AdvantageConfig:
     anchor: AnchorScope = "global"
     grouping: Grouping = "stationary"
     omega: float = 1.0
+    step_pool: StepPool = "group"
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -100,6 +109,7 @@ class AdvantageConfig:
             ("norm", NORMS),
             ("anchor", ANCHOR_SCOPES),
             ("grouping", GROUPINGS),
+            ("step_pool", STEP_POOLS),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -222,6 +232,7 @@ def gigpo_advantages(
     norm: Norm = "mean_norm",
     omega: float = 1.0,
     eps: float = 1e-6,
+    step_group_ids: Sequence[Hashable] | None = None,
 ) -> np.ndarray:
     """GiGPO advantage ``A = A_E + omega * A_S`` (GiGPO eq. 8).
 
@@ -233,12 +244,15 @@ def gigpo_advantages(
         norm: ``"mean_norm"`` or ``"mean_std_norm"``.
         omega: Weight of the step-level part.
         eps: Added to the std.
+        step_group_ids: Groups the anchor groups are formed in, when they differ from
+            ``group_ids`` (``AdvantageConfig.step_pool="batch"`` passes one for all).
 
     Returns:
         ``A``, shape ``(N,)``.
     """
     a_episode = episode_level_advantages(scores, group_ids, norm, eps)
-    a_step = step_level_advantages(returns, group_ids, anchor_keys, norm, eps)
+    step_groups = group_ids if step_group_ids is None else step_group_ids
+    a_step = step_level_advantages(returns, step_groups, anchor_keys, norm, eps)
     return a_episode + omega * a_step
 
 
@@ -357,7 +371,8 @@ def compute_advantages(
         returns.append(g)
         scores.append(s)
         sample_groups.extend([group] * len(record.turns))
-        anchors.extend(record_anchor_ids(record, group, adv_cfg))
+        pool = group if adv_cfg.step_pool == "group" else ""
+        anchors.extend(record_anchor_ids(record, pool, adv_cfg))
     if not sample_groups:
         return [[] for _ in records]
     unanchored = sum(1 for r in records for t in r.turns if t.kind == "play" and not t.anchor)
@@ -376,6 +391,7 @@ def compute_advantages(
         norm=adv_cfg.norm,
         omega=adv_cfg.omega,
         eps=adv_cfg.eps,
+        step_group_ids=None if adv_cfg.step_pool == "group" else [""] * len(sample_groups),
     )
     out: list[list[float]] = []
     start = 0

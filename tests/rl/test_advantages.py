@@ -136,6 +136,27 @@ def test_stationary_vs_mixed_grouping() -> None:
     np.testing.assert_allclose(mixed[1], [10 - m + (10 - 9), -m + (0 - 40 / 3), -m + (0 - 9)])
 
 
+def test_batch_step_pool_shares_baselines_across_tasks() -> None:
+    # Rollout D: another task (seed 8) against the same opponent, R = [-10, 10] (G = [2,
+    # 20, 20] as C above); rollout E: that task against another opponent.
+    rec_d = make_record("aggressive", 0, [(-10.0, ["s0"]), (10.0, ["s0"])])
+    rec_d.seed, rec_d.uid = 8, group_id(ENV, 8, "aggressive", SEAT)
+    rec_e = make_record("conservative", 0, [(10.0, ["s0"]), (10.0, ["s0"])])
+    rec_e.seed, rec_e.uid = 8, group_id(ENV, 8, "conservative", SEAT)
+    records = [REC_A, REC_B, rec_d, rec_e]
+    pooled = compute_advantages(records, ReturnConfig(), AdvantageConfig(step_pool="batch"))
+    # A_E is unchanged (D is alone in its group: S = [-10, 0, 20], mean 10/3). The anchor
+    # "s0" against the aggressive opponent now pools A, B and D: {2, 20, 10, 0, 2, 20},
+    # mean 9; the reflections {20, 0, 20}, mean 40/3. E keeps its own opponent's anchors:
+    # {10, 0} mean 5, and its reflection is alone.
+    m = 10 / 3
+    np.testing.assert_allclose(pooled[0], [-10 - m + (2 - 9), -m + (20 - 40 / 3), 20 - m + 11])
+    np.testing.assert_allclose(pooled[2], [-10 - m - 7, -m + (20 - 40 / 3), 20 - m + 11])
+    np.testing.assert_allclose(pooled[3], [10 - m + 5, -m, -m - 5])
+    per_task = compute_advantages(records, ReturnConfig(), AdvantageConfig())
+    np.testing.assert_allclose(per_task[0], compute_advantages([REC_A, REC_B])[0])
+
+
 def test_stationary_rejects_group_with_two_opponents() -> None:
     bad = make_record("conservative", 2, [(10.0, ["s0"])])
     bad.uid = REC_A.uid
