@@ -10,26 +10,21 @@ import re
 import pytest
 
 from mage_rl.config import RunConfig
-from mage_rl.envs import Population, make_env
+from mage_rl.envs import make_env
 from mage_rl.envs.parsing import extract_action
 from mage_rl.graphs import GraphOptions, mage_graph
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.tiny import build_tiny
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
+from tests.graphs.conftest import tiny_kuhn_rollouts
 
 
 @pytest.mark.parametrize("layout", ["conversation", "rerendered"])
 def test_every_answer_names_the_card_then_chooses(layout: str) -> None:
-    model, tokenizer = build_tiny(seed=0)
-    with LocalEngine(model, tokenizer, max_batch_size=8) as engine:
-        llm = PolicyChatModel(policy=engine, temperature=1.0, max_tokens=12)
-        options = GraphOptions(num_episodes=2, stop_on_success=False, max_tokens=12,
-                               context="history", layout=layout, prompt="compact",
-                               constrain_actions=True, answer_lead=True)  # fmt: skip
-        tasks = sample_tasks(Population.parse("kuhn_train"), 2, base_seed=4)
-        out = asyncio.run(collect_rollouts(mage_graph(options), llm, env_name="kuhn_poker",
-                                           tasks=tasks, group_size=2, max_turns=3))  # fmt: skip
+    options = GraphOptions(num_episodes=2, stop_on_success=False, max_tokens=12,
+                           context="history", layout=layout, prompt="compact",
+                           constrain_actions=True, answer_lead=True)  # fmt: skip
+    tokenizer, out = tiny_kuhn_rollouts(options, tasks=2, group_size=2, base_seed=4)
     plays = [t for r in out for t in r.turns if t.kind == "play"]
     assert len(plays) >= 8
     for turn in plays:

@@ -11,32 +11,24 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from mage_rl.cli import main
-from mage_rl.envs import Population, make_env
+from mage_rl.envs import make_env
 from mage_rl.graphs import GraphOptions, build_meta_episode_graph, mage_graph
-from mage_rl.policy.chat_model import PolicyChatModel
-from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.tiny import build_tiny
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.conversation import ConversationSample
 from mage_rl.rl.learner import Learner, LearnerConfig
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
+from tests.graphs.conftest import tiny_kuhn_rollouts
 
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
 def records():
-    model, tokenizer = build_tiny(seed=0)
-    with LocalEngine(model, tokenizer, max_batch_size=16) as engine:
-        llm = PolicyChatModel(policy=engine, temperature=1.0, max_tokens=12)
-        options = GraphOptions(num_episodes=3, stop_on_success=False, max_tokens=12,
-                               reflect_max_tokens=12, layout="conversation",
-                               constrain_actions=True, prompt="compact")  # fmt: skip
-        tasks = sample_tasks(Population.parse("kuhn_train"), 2, base_seed=1)
-        out = asyncio.run(collect_rollouts(mage_graph(options), llm, env_name="kuhn_poker",
-                                           tasks=tasks, group_size=2, max_turns=3))  # fmt: skip
-    return tokenizer, out
+    options = GraphOptions(num_episodes=3, stop_on_success=False, max_tokens=12,
+                           reflect_max_tokens=12, layout="conversation",
+                           constrain_actions=True, prompt="compact")  # fmt: skip
+    return tiny_kuhn_rollouts(options, tasks=2, group_size=2, base_seed=1, batch=16)
 
 
 def test_every_call_extends_the_previous_one_without_retokenizing(records) -> None:
@@ -69,16 +61,10 @@ def test_the_learner_trains_each_meta_episode_as_one_sequence(records) -> None:
 
 @pytest.mark.parametrize("context", ["history", "none"])
 def test_contexts_without_reflections_tell_each_outcome_in_the_chat(context: str) -> None:
-    model, tokenizer = build_tiny(seed=0)
-    with LocalEngine(model, tokenizer, max_batch_size=8) as engine:
-        llm = PolicyChatModel(policy=engine, temperature=1.0, max_tokens=12)
-        options = GraphOptions(num_episodes=2, stop_on_success=False, max_tokens=12,
-                               layout="conversation", context=context,
-                               constrain_actions=True, prompt="compact")  # fmt: skip
-        tasks = sample_tasks(Population.parse("kuhn_train"), 1, base_seed=3)
-        out = asyncio.run(collect_rollouts(mage_graph(options), llm, env_name="kuhn_poker",
-                                           tasks=tasks, group_size=1, max_turns=3))  # fmt: skip
-    (record,) = out
+    options = GraphOptions(num_episodes=2, stop_on_success=False, max_tokens=12,
+                           layout="conversation", context=context,
+                           constrain_actions=True, prompt="compact")  # fmt: skip
+    tokenizer, (record,) = tiny_kuhn_rollouts(options, tasks=1, group_size=1, base_seed=3)
     assert {t.kind for t in record.turns} == {"play"}
     text = tokenizer.decode(record.conversation["ids"])
     assert "Episode 1 of 2 is over:" in text and "Episode 2 of 2 starts." in text
