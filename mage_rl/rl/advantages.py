@@ -51,12 +51,14 @@ Norm = Literal["mean_norm", "mean_std_norm"]
 AnchorScope = Literal["global", "local"]
 Grouping = Literal["stationary", "mixed"]
 StepPool = Literal["group", "batch"]
+ChoiceUpdate = Literal["sampled", "expected"]
 
 ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
 NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
 STEP_POOLS: tuple[str, ...] = ("group", "batch")
+CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected")
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,15 @@ class AdvantageConfig:
             the same anchor key (observation and, under ``stationary`` grouping, the
             opponent id) shares one baseline whatever task it came from; with few
             rollouts per task this gives most turns a baseline of their own state.
+        choice_update: How the learner uses these advantages at the branch points of
+            constrained answers (the positions where more than one token is allowed).
+            ``"sampled"`` (the policy gradient of PPO): the drawn token moves by its
+            turn's advantage. ``"expected"``: every allowed token moves by its own
+            advantage, estimated as the mean advantage of the turns that took it at the
+            same anchor state (:mod:`mage_rl.rl.branch_values`); only the embedded
+            trainer (local and Ray backends) supports it.
+        branch_memory: With ``choice_update="expected"``, the weight ``m ** age`` at
+            which earlier batches stay in those means (0: this batch only); below 1.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
@@ -101,6 +112,8 @@ class AdvantageConfig:
     grouping: Grouping = "stationary"
     omega: float = 1.0
     step_pool: StepPool = "group"
+    choice_update: ChoiceUpdate = "sampled"
+    branch_memory: float = 0.0
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -110,12 +123,17 @@ class AdvantageConfig:
             ("anchor", ANCHOR_SCOPES),
             ("grouping", GROUPINGS),
             ("step_pool", STEP_POOLS),
+            ("choice_update", CHOICE_UPDATES),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"AdvantageConfig.{name} must be one of {allowed}, got {value!r}")
         if self.omega < 0:
             raise ValueError(f"AdvantageConfig.omega must be >= 0, got {self.omega}")
+        if not 0 <= self.branch_memory < 1:
+            raise ValueError(
+                f"AdvantageConfig.branch_memory must be in [0, 1), got {self.branch_memory}"
+            )
         if self.eps <= 0:
             raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps}")
 

@@ -49,13 +49,13 @@ from mage_rl.rl.batching import (
     TrainingSample,
     coerce_sample,
     collate,
-    cut_mini_batches,
-    pack_micro_batches,
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
 from mage_rl.rl.learner_config import LearnerConfig
+from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 from mage_rl.rl.loss import (
     entropy_from_logits,
+    expected_branch_loss,
     gather_logprobs,
     kl_penalty,
     policy_loss,
@@ -309,7 +309,8 @@ class Learner(LearnerCheckpoints):
 
         Returns:
             Loss terms and statistics, each a token sum divided by ``num_tokens``:
-            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``, and
+            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``,
+            ``branch_frac`` (trained with the expected update), and
             ``free_frac``, the share of response tokens where more than one token was
             allowed (1 without constrained decoding).
         """
@@ -322,8 +323,11 @@ class Learner(LearnerCheckpoints):
             batch = collate([items[i] for i in group]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
+            branch = None
+            if batch.branch_advantages is not None and batch.allowed_index is not None:
+                branch = expected_branch_loss(logits, batch.allowed_index, batch.branch_advantages)
             pg_loss, pg_stats = policy_loss(
-                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
+                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total, branch
             )
             loss = pg_loss
             if self.entropy_coef > 0:
@@ -373,7 +377,8 @@ class Learner(LearnerCheckpoints):
 
         Returns:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
-            ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm``
+            ``approx_kl``, ``branch_frac`` (token-weighted means over all mini-batches),
+            ``grad_norm``
             (mean pre-clip norm over optimizer steps), ``steps``, ``skipped_steps``
             (non-finite gradients), ``tokens`` (response tokens trained on),
             ``tokens_per_s`` (prompt and response tokens through the learner per second),
@@ -383,7 +388,7 @@ class Learner(LearnerCheckpoints):
         """
         cfg = self.config
         items = self._prepare_samples(samples)
-        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
+        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "branch_frac")
         counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s")
         result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
         result["entropy_coef"] = self.entropy_coef

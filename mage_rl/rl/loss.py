@@ -56,12 +56,14 @@ def policy_loss(
     mask: torch.Tensor,
     clip_eps: float = 0.2,
     num_tokens: float | torch.Tensor | None = None,
+    branch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip surrogate with token-mean aggregation (PPO eq. 7; SPEC §6).
 
     Per token, with ``ratio = exp(logprobs - old_logprobs)``:
     ``loss = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, averaged over the valid
-    tokens (see the module docstring for ``num_tokens``).
+    tokens (see the module docstring for ``num_tokens``). Where ``branch`` (from
+    :func:`expected_branch_loss`) is active, its per-token loss replaces that term.
 
     Args:
         logprobs: Log-probs of the sampled tokens under the current policy, ``(B, T)``.
@@ -71,12 +73,14 @@ def policy_loss(
         mask: 1 for valid response tokens, ``(B, T)``.
         clip_eps: PPO clip range epsilon.
         num_tokens: Token-mean denominator (defaults to ``mask.sum()``).
+        branch: Optional ``(per_token_loss, active)`` of the expected update, ``(B, T)``.
 
     Returns:
         ``(loss, stats)``: the scalar loss and detached statistics, each normalized by the
         same denominator: ``clip_frac`` (fraction of tokens where the clipped term is the
-        active one) and ``approx_kl`` (k1 estimate of KL(old || new),
-        ``mean(old_logprobs - logprobs)``).
+        active one), ``approx_kl`` (k1 estimate of KL(old || new),
+        ``mean(old_logprobs - logprobs)``) and ``branch_frac`` (fraction of tokens
+        trained with the expected update).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # (B,) -> (B, 1), broadcast over tokens
@@ -86,14 +90,57 @@ def policy_loss(
     surr_unclipped = ratio * advantages
     surr_clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
     per_token = -torch.min(surr_unclipped, surr_clipped)
+    clipped = (surr_clipped < surr_unclipped).detach()
+    active = torch.zeros_like(clipped)
+    if branch is not None:
+        branch_loss, active = branch
+        per_token = torch.where(active, branch_loss.to(per_token.dtype), per_token)
+        clipped = clipped & ~active
     loss = token_mean(per_token, mask, num_tokens)
     with torch.no_grad():
-        clipped = (surr_clipped < surr_unclipped).to(logprobs.dtype)
         stats = {
-            "clip_frac": token_mean(clipped, mask, num_tokens),
+            "clip_frac": token_mean(clipped.to(logprobs.dtype), mask, num_tokens),
             "approx_kl": token_mean(-log_ratio.detach(), mask, num_tokens),
+            "branch_frac": token_mean(active.to(logprobs.dtype), mask, num_tokens),
         }
     return loss, stats
+
+
+def expected_branch_loss(
+    logits: torch.Tensor, allowed_index: torch.Tensor, branch_advantages: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss of the expected update over the allowed tokens of a branch point.
+
+    A position is *active* when its row of ``branch_advantages`` holds at least two
+    finite values (:mod:`mage_rl.rl.branch_values`). There, with ``pi`` the restricted
+    softmax over the allowed tokens, a token without an estimate takes ``V``, the
+    ``pi``-weighted mean of the estimated ones (``pi`` detached), and
+    ``loss = -sum_a pi(a) * (A(a) - V)``: zero in value, and its gradient is
+    ``-sum_a grad pi(a) * A(a)``, the all-action policy gradient (the sampled token's
+    own advantage does not enter). Inactive positions get 0.
+
+    Args:
+        logits: ``(B, T, V)``, already divided by the sampling temperature.
+        allowed_index: ``(B, T, A)`` allowed ids padded with -1.
+        branch_advantages: ``(B, T, A)`` advantages aligned with ``allowed_index``,
+            NaN where a token has no estimate.
+
+    Returns:
+        ``(per_token_loss, active)``, both ``(B, T)``.
+    """
+    sub, restricted = _restricted_logits(logits.float(), allowed_index)
+    probs = torch.softmax(sub, dim=-1)  # 0 on padding
+    adv = branch_advantages.to(probs.device, probs.dtype)
+    known = torch.isfinite(adv) & (allowed_index.to(probs.device) >= 0)
+    active = restricted & (known.sum(-1) >= 2)
+    adv = torch.where(known, adv, torch.zeros_like(adv))
+    weights = probs.detach() * known
+    value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(
+        min=1e-12
+    )
+    centred = torch.where(known, adv, value) - value
+    per_token = -(probs * centred).sum(-1)
+    return torch.where(active, per_token, torch.zeros_like(per_token)), active
 
 
 def kl_penalty(

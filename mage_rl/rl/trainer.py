@@ -35,6 +35,7 @@ from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.branch_values import BranchValues
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
 from mage_rl.rl.run_folder import (
     STATE_FILE,
@@ -119,10 +120,16 @@ class Trainer:
         )
         self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
         self.start_iteration = 0
+        # With choice_update: expected, the running estimates of the branch points.
+        self.branch_values = (
+            BranchValues(cfg.advantages) if cfg.advantages.choice_update == "expected" else None
+        )
         if checkpoint is not None:
             self.learner.load(checkpoint)
             state = json.loads((checkpoint / STATE_FILE).read_text())
             self.start_iteration = int(state["iteration"])
+            if self.branch_values is not None and "branch_values" in state:
+                self.branch_values.load_state_dict(state["branch_values"])
             logger.info("resumed from %s (iteration %d)", checkpoint, self.start_iteration)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         self.graph = runtime.build_graph(cfg)
@@ -150,7 +157,11 @@ class Trainer:
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
         advantages = compute_advantages(records, self.cfg.returns, self.cfg.advantages)
-        samples = samples_from_records(records, advantages)
+        branch = None
+        if self.branch_values is not None:
+            self.branch_values.observe(records, advantages)
+            branch = self.branch_values.annotate(records)
+        samples = samples_from_records(records, advantages, branch)
         if self.recompute_old_logprobs:
             fresh = self.learner.compute_logprobs(samples)
             samples = [s.with_old_logprobs(lp) for s, lp in zip(samples, fresh, strict=True)]
@@ -181,7 +192,10 @@ class Trainer:
         # model/ is a complete HF model (merged with LoRA): servable as it is.
         self.tokenizer.save_pretrained(path / "model")
         # Written last: its presence is what makes the checkpoint complete.
-        atomic_write_json(path / STATE_FILE, {"iteration": iteration})
+        state: dict[str, Any] = {"iteration": iteration}
+        if self.branch_values is not None:
+            state["branch_values"] = self.branch_values.state_dict()
+        atomic_write_json(path / STATE_FILE, state)
         retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
 
@@ -306,6 +320,7 @@ class Trainer:
             "entropy_coef",
             "clip_frac",
             "approx_kl",
+            "branch_frac",
             "grad_norm",
         ):
             if key in stats:

@@ -17,11 +17,11 @@ from mage_rl.rl.batching import (
     Segment,
     collate,
     conversation_sample,
-    cut_mini_batches,
     samples_from_records,
 )
 from mage_rl.rl.conversation import ConversationTrace, record_conversation
 from mage_rl.rl.learner import Learner, LearnerConfig
+from mage_rl.rl.packing import cut_mini_batches
 
 CHOICES = ("<action>PASS</action>", "<action>BET</action>")
 
