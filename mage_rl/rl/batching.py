@@ -254,7 +254,11 @@ def record_samples(
     for j, (turn, adv) in enumerate(zip(record.turns, advantages, strict=True)):
         if j not in covered and turn.trained:
             sample = Sample(
-                turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed,
+                turn.prompt_ids,
+                turn.response_ids,
+                turn.logprobs,
+                float(adv),
+                turn.allowed,
                 branch[j],
             )
             out.append((sample, [j]))

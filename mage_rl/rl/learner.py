@@ -52,7 +52,6 @@ from mage_rl.rl.batching import (
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
 from mage_rl.rl.learner_config import LearnerConfig
-from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 from mage_rl.rl.loss import (
     entropy_from_logits,
     expected_branch_loss,
@@ -61,6 +60,7 @@ from mage_rl.rl.loss import (
     policy_loss,
     token_mean,
 )
+from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 
 logger = logging.getLogger(__name__)
 

@@ -135,9 +135,7 @@ def expected_branch_loss(
     active = restricted & (known.sum(-1) >= 2)
     adv = torch.where(known, adv, torch.zeros_like(adv))
     weights = probs.detach() * known
-    value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(
-        min=1e-12
-    )
+    value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1e-12)
     centred = torch.where(known, adv, value) - value
     per_token = -(probs * centred).sum(-1)
     return torch.where(active, per_token, torch.zeros_like(per_token)), active

@@ -40,9 +40,10 @@ def test_expected_loss_is_zero_and_has_the_all_action_gradient() -> None:
     p1 = torch.softmax(ref_logits[0, 1, [2, 3, 5]], dim=-1)
     known = p1.detach()[[0, 2]]
     value = (known * torch.tensor([0.5, -0.5])).sum() / known.sum()
-    ref = -(p0 * torch.tensor([2.0, -1.0])).sum() - (
-        p1 * torch.stack([torch.tensor(0.5), value, torch.tensor(-0.5)])
-    ).sum()
+    ref = (
+        -(p0 * torch.tensor([2.0, -1.0])).sum()
+        - (p1 * torch.stack([torch.tensor(0.5), value, torch.tensor(-0.5)])).sum()
+    )
     ref.backward()
     assert torch.allclose(got, ref_logits.grad, atol=1e-6)
     assert got[0, 0, 1] < 0 < got[0, 0, 4]  # descending raises the better token
@@ -127,14 +128,18 @@ def test_learner_moves_the_better_token_even_when_the_other_was_sampled(tiny_pai
 
     @torch.no_grad()
     def p_bet(learner: Learner) -> float:
-        batch = collate([Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, 0.0, turn.allowed)])
+        batch = collate(
+            [Sample(turn.prompt_ids, turn.response_ids, turn.logprobs, 0.0, turn.allowed)]
+        )
         logits = learner._response_logits(learner.model, batch, 1.0)[0, j]
         allowed = turn.allowed[j]
         probs = torch.softmax(logits[allowed], dim=-1)
         return float(probs[allowed.index(bet)])
 
     learner = Learner(copy.deepcopy(model), LearnerConfig(lr=1e-2, entropy_coef=0.0, dtype="fp32"))
-    old = learner.compute_logprobs([Sample(turn.prompt_ids, turn.response_ids, [], 0.0, turn.allowed)])
+    old = learner.compute_logprobs(
+        [Sample(turn.prompt_ids, turn.response_ids, [], 0.0, turn.allowed)]
+    )
     before = p_bet(learner)
     # The sampled term with advantage 0 would not move anything; the branch term does.
     [sample] = samples_from_records([_record([turn])], [[0.0]], [[rows]])
