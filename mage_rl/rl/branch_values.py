@@ -15,12 +15,13 @@ turn's anchor state (as GiGPO's step level keys it, without the task group, so i
 the whole batch: the observation, the node and, under ``stationary`` grouping, the
 opponent), the response tokens before the branch, and the token taken there. Its value
 is the mean GiGPO advantage of the turns that took that token at that key. With
-``advantages.branch_memory`` m > 0 the estimates of earlier batches stay in the mean at
-weight ``m ** age``, so an action the policy has stopped sampling keeps the estimate it
-earned while it was sampled, instead of vanishing from the update.
+``advantages.branch_memory`` m > 0, each time a batch brings new turns for a token, its
+earlier turns stay in the mean at weight ``m ** age``. A token that a batch did not take
+keeps its estimate as it was: an action the policy has stopped sampling keeps the value
+it showed while it was sampled, so the update can still bring it back, instead of
+vanishing from the update once nothing samples it.
 
-A token's estimate is used once its weight (its decayed count of turns) reaches 1. At a
-branch point with at least two estimated tokens the learner takes the expected update
+At a branch point with at least two estimated tokens the learner takes the expected update
 (:func:`mage_rl.rl.loss.expected_branch_loss`); a token without an estimate is given the
 policy-weighted mean of the others, so it is neither pushed nor pulled. Elsewhere the
 sampled PPO term stays.
@@ -34,9 +35,6 @@ from typing import Any
 
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import AdvantageConfig, record_anchor_ids
-
-MIN_WEIGHT = 0.2  # decayed turns of evidence before a token's estimate is used
-PRUNE_WEIGHT = 1e-3  # entries decayed below this are forgotten
 
 
 def _key(anchor: str, prefix: Sequence[int], token: int) -> str:
@@ -71,12 +69,13 @@ class BranchValues:
     def observe(
         self, records: Sequence[MetaEpisodeRecord], advantages: Sequence[Sequence[float]]
     ) -> None:
-        """Decay the table by ``branch_memory`` and add one batch's branch-point advantages."""
-        for key in list(self._weight):
-            self._weight[key] *= self.memory
-            self._sum[key] *= self.memory
-            if self._weight[key] < PRUNE_WEIGHT:
-                del self._weight[key], self._sum[key]
+        """Add one batch's branch-point advantages.
+
+        A token the batch took at a branch point has its earlier turns decayed by
+        ``branch_memory`` first; a token it did not take keeps its estimate as it was.
+        """
+        batch_sum: dict[str, float] = {}
+        batch_weight: dict[str, float] = {}
         for record, advs in zip(records, advantages, strict=True):
             anchors = self._anchors(record)
             for turn, anchor, adv in zip(record.turns, anchors, advs, strict=True):
@@ -84,14 +83,16 @@ class BranchValues:
                     continue
                 for j in branch_points(turn.allowed):
                     key = _key(anchor, turn.response_ids[:j], turn.response_ids[j])
-                    self._sum[key] = self._sum.get(key, 0.0) + float(adv)
-                    self._weight[key] = self._weight.get(key, 0.0) + 1.0
+                    batch_sum[key] = batch_sum.get(key, 0.0) + float(adv)
+                    batch_weight[key] = batch_weight.get(key, 0.0) + 1.0
+        for key, weight in batch_weight.items():
+            self._sum[key] = self.memory * self._sum.get(key, 0.0) + batch_sum[key]
+            self._weight[key] = self.memory * self._weight.get(key, 0.0) + weight
 
     def estimate(self, anchor: str, prefix: Sequence[int], token: int) -> float:
-        """The token's mean advantage at this branch point, NaN below one turn's weight."""
+        """The token's mean advantage at this branch point, NaN if it was never taken."""
         key = _key(anchor, prefix, token)
-        weight = self._weight.get(key, 0.0)
-        return self._sum[key] / weight if weight >= MIN_WEIGHT else math.nan
+        return self._sum[key] / self._weight[key] if key in self._weight else math.nan
 
     def annotate(self, records: Sequence[MetaEpisodeRecord]) -> list[list[list[list[float]]]]:
         """Per record, per turn, per response position: the allowed tokens' estimates.
