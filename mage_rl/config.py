@@ -426,15 +426,15 @@ class TrainConfig(RunConfig):
             raise ValueError(
                 "rollout.group_size=1 leaves GiGPO no group baseline; use group_size >= 2"
             )
-        if self.advantages.choice_update == "expected":
+        if (choice := self.advantages.choice_update) != "sampled":
             if not self.policy.constrain_actions:
                 raise ValueError(
-                    "advantages.choice_update: expected acts on the branch points of "
+                    f"advantages.choice_update: {choice} acts on the branch points of "
                     "constrained answers; set policy.constrain_actions: true"
                 )
             if self.train.backend == "openrlhf":
                 raise ValueError(
-                    "advantages.choice_update: expected needs the embedded learner (the "
+                    f"advantages.choice_update: {choice} needs the embedded learner (the "
                     "local or Ray backend); OpenRLHF's actor trains the sampled tokens only"
                 )
         if self.eval.stratify and self.meta.stop_on_success:

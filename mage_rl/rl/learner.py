@@ -140,6 +140,8 @@ class Learner(LearnerCheckpoints):
         # The entropy bonus's weight now: config.entropy_coef, or adapted after each
         # update when config.entropy_target is set.
         self.entropy_coef = self.config.entropy_coef
+        # Branch advantages move the logits themselves (advantages.choice_update: natural).
+        self.natural_branches = False
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
         if self.ref_model is not None:
@@ -325,7 +327,9 @@ class Learner(LearnerCheckpoints):
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
             branch = None
             if batch.branch_advantages is not None and batch.allowed_index is not None:
-                branch = expected_branch_loss(logits, batch.allowed_index, batch.branch_advantages)
+                branch = expected_branch_loss(
+                    logits, batch.allowed_index, batch.branch_advantages, self.natural_branches
+                )
             pg_loss, pg_stats = policy_loss(
                 logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total, branch
             )

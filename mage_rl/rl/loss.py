@@ -107,7 +107,10 @@ def policy_loss(
 
 
 def expected_branch_loss(
-    logits: torch.Tensor, allowed_index: torch.Tensor, branch_advantages: torch.Tensor
+    logits: torch.Tensor,
+    allowed_index: torch.Tensor,
+    branch_advantages: torch.Tensor,
+    natural: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss of the expected update over the allowed tokens of a branch point.
 
@@ -118,6 +121,12 @@ def expected_branch_loss(
     ``loss = -sum_a pi(a) * (A(a) - V)``: zero in value, and its gradient is
     ``-sum_a grad pi(a) * A(a)``, the all-action policy gradient (the sampled token's
     own advantage does not enter). Inactive positions get 0.
+
+    With ``natural``, each allowed logit ``z_a`` moves by its advantage instead, less
+    the mean over the allowed tokens: ``loss = -sum_a z_a * (A(a) - mean_b A(b))`` (the
+    natural policy gradient of a softmax over the allowed tokens, whose step in logit
+    space is the advantage itself; Kakade 2001, Agarwal et al. 2021, arXiv 1908.00261).
+    Its push does not shrink as ``pi`` saturates.
 
     Args:
         logits: ``(B, T, V)``, already divided by the sampling temperature.
@@ -136,8 +145,15 @@ def expected_branch_loss(
     adv = torch.where(known, adv, torch.zeros_like(adv))
     weights = probs.detach() * known
     value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1e-12)
-    centred = torch.where(known, adv, value) - value
-    per_token = -(probs * centred).sum(-1)
+    filled = torch.where(known, adv, value)
+    if natural:
+        valid = allowed_index.to(probs.device) >= 0
+        count = valid.sum(-1, keepdim=True).clamp(min=1)
+        mean = (filled * valid).sum(-1, keepdim=True) / count
+        logit = torch.where(valid, sub, torch.zeros_like(sub))
+        per_token = -(logit * (filled - mean) * valid).sum(-1)
+    else:
+        per_token = -(probs * (filled - value)).sum(-1)
     return torch.where(active, per_token, torch.zeros_like(per_token)), active
 
 

@@ -120,10 +120,10 @@ class Trainer:
         )
         self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
         self.start_iteration = 0
-        # With choice_update: expected, the running estimates of the branch points.
-        self.branch_values = (
-            BranchValues(cfg.advantages) if cfg.advantages.choice_update == "expected" else None
-        )
+        # With choice_update expected or natural, the running estimates of the branch points.
+        choice = cfg.advantages.choice_update
+        self.branch_values = BranchValues(cfg.advantages) if choice != "sampled" else None
+        self.learner.natural_branches = choice == "natural"
         if checkpoint is not None:
             self.learner.load(checkpoint)
             state = json.loads((checkpoint / STATE_FILE).read_text())

@@ -49,6 +49,23 @@ def test_expected_loss_is_zero_and_has_the_all_action_gradient() -> None:
     assert got[0, 0, 1] < 0 < got[0, 0, 4]  # descending raises the better token
 
 
+def test_natural_update_moves_the_logits_by_the_centred_advantages() -> None:
+    logits = torch.tensor([[[0.0, 9.0, -9.0, 0.0]]], requires_grad=True)  # saturated
+    index = torch.tensor([[[1, 2, 3]]])
+    adv = torch.tensor([[[-1.0, 5.0, math.nan]]])
+    loss, active = expected_branch_loss(logits, index, adv, natural=True)
+    assert active.tolist() == [[True]]
+    loss.sum().backward()
+    probs = torch.softmax(logits.detach()[0, 0, 1:], dim=-1)
+    value = (probs[0] * -1.0 + probs[1] * 5.0) / (probs[0] + probs[1])
+    filled = torch.tensor([-1.0, 5.0, float(value)])
+    # d loss / d z_a = -(A(a) - mean A): the push does not shrink with pi.
+    assert torch.allclose(logits.grad[0, 0, 1:], -(filled - filled.mean()), atol=1e-5)
+    assert logits.grad[0, 0, 0] == 0
+    plain, _ = expected_branch_loss(logits.detach().requires_grad_(True), index, adv)
+    assert abs(float(plain.sum())) < 1e-6
+
+
 def test_positions_with_one_estimate_keep_the_sampled_term() -> None:
     logits = torch.zeros(1, 3, 5)
     index = torch.tensor([[[1, 2], [3, -1], [1, 2]]])
