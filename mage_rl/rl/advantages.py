@@ -51,14 +51,14 @@ Norm = Literal["mean_norm", "mean_std_norm"]
 AnchorScope = Literal["global", "local"]
 Grouping = Literal["stationary", "mixed"]
 StepPool = Literal["group", "batch"]
-ChoiceUpdate = Literal["sampled", "expected", "natural"]
+ChoiceUpdate = Literal["sampled", "expected", "natural", "greedy"]
 
 ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
 NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
 STEP_POOLS: tuple[str, ...] = ("group", "batch")
-CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected", "natural")
+CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected", "natural", "greedy")
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,10 @@ class AdvantageConfig:
             advantage, estimated as the mean advantage of the turns that took it at the
             same anchor state (:mod:`mage_rl.rl.branch_values`). ``"natural"``: every
             allowed logit moves by that advantage less the mean (the natural gradient
-            of the softmax over the allowed tokens). Only the embedded trainer (local
-            and Ray backends) supports either.
+            of the softmax over the allowed tokens). ``"greedy"``: the cross-entropy
+            toward the token with the best estimate, weighted by the estimates' gap (a
+            policy-iteration step). Only the embedded trainer (local and Ray backends)
+            supports these.
         branch_memory: With ``choice_update`` other than ``"sampled"``, the weight ``m ** age`` at
             which earlier batches stay in those means (0: this batch only); below 1.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.

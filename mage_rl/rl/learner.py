@@ -140,8 +140,8 @@ class Learner(LearnerCheckpoints):
         # The entropy bonus's weight now: config.entropy_coef, or adapted after each
         # update when config.entropy_target is set.
         self.entropy_coef = self.config.entropy_coef
-        # Branch advantages move the logits themselves (advantages.choice_update: natural).
-        self.natural_branches = False
+        # How branch advantages enter the loss (advantages.choice_update; the trainer sets it).
+        self.branch_mode = "expected"
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
         if self.ref_model is not None:
@@ -328,7 +328,7 @@ class Learner(LearnerCheckpoints):
             branch = None
             if batch.branch_advantages is not None and batch.allowed_index is not None:
                 branch = expected_branch_loss(
-                    logits, batch.allowed_index, batch.branch_advantages, self.natural_branches
+                    logits, batch.allowed_index, batch.branch_advantages, self.branch_mode
                 )
             pg_loss, pg_stats = policy_loss(
                 logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total, branch

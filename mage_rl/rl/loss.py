@@ -110,7 +110,7 @@ def expected_branch_loss(
     logits: torch.Tensor,
     allowed_index: torch.Tensor,
     branch_advantages: torch.Tensor,
-    natural: bool = False,
+    mode: str = "expected",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss of the expected update over the allowed tokens of a branch point.
 
@@ -122,17 +122,24 @@ def expected_branch_loss(
     ``-sum_a grad pi(a) * A(a)``, the all-action policy gradient (the sampled token's
     own advantage does not enter). Inactive positions get 0.
 
-    With ``natural``, each allowed logit ``z_a`` moves by its advantage instead, less
+    ``mode="natural"``: each allowed logit ``z_a`` moves by its advantage instead, less
     the mean over the allowed tokens: ``loss = -sum_a z_a * (A(a) - mean_b A(b))`` (the
     natural policy gradient of a softmax over the allowed tokens, whose step in logit
     space is the advantage itself; Kakade 2001, Agarwal et al. 2021, arXiv 1908.00261).
     Its push does not shrink as ``pi`` saturates.
+
+    ``mode="greedy"``: the cross-entropy toward the estimated best token ``a*``,
+    weighted by the gap between the best and worst estimates,
+    ``loss = -(max A - min A) * log pi(a*)`` (a policy-iteration step: its push is
+    ``(1 - pi(a*))`` times the gap, large where the policy takes the wrong token and
+    zero once it takes the right one).
 
     Args:
         logits: ``(B, T, V)``, already divided by the sampling temperature.
         allowed_index: ``(B, T, A)`` allowed ids padded with -1.
         branch_advantages: ``(B, T, A)`` advantages aligned with ``allowed_index``,
             NaN where a token has no estimate.
+        mode: ``"expected"``, ``"natural"`` or ``"greedy"``.
 
     Returns:
         ``(per_token_loss, active)``, both ``(B, T)``.
@@ -146,7 +153,14 @@ def expected_branch_loss(
     weights = probs.detach() * known
     value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1e-12)
     filled = torch.where(known, adv, value)
-    if natural:
+    if mode == "greedy":
+        best = torch.where(known, adv, torch.full_like(adv, -torch.inf))
+        worst = torch.where(known, adv, torch.full_like(adv, torch.inf)).amin(-1)
+        top, arg = best.max(-1)
+        logp = torch.log_softmax(sub, dim=-1).gather(-1, arg.unsqueeze(-1)).squeeze(-1)
+        gap = torch.where(active, top - worst, torch.zeros_like(top))
+        per_token = -gap * logp
+    elif mode == "natural":
         valid = allowed_index.to(probs.device) >= 0
         count = valid.sum(-1, keepdim=True).clamp(min=1)
         mean = (filled * valid).sum(-1, keepdim=True) / count

@@ -123,7 +123,7 @@ class Trainer:
         # With choice_update expected or natural, the running estimates of the branch points.
         choice = cfg.advantages.choice_update
         self.branch_values = BranchValues(cfg.advantages) if choice != "sampled" else None
-        self.learner.natural_branches = choice == "natural"
+        self.learner.branch_mode = choice
         if checkpoint is not None:
             self.learner.load(checkpoint)
             state = json.loads((checkpoint / STATE_FILE).read_text())

@@ -53,7 +53,7 @@ def test_natural_update_moves_the_logits_by_the_centred_advantages() -> None:
     logits = torch.tensor([[[0.0, 9.0, -9.0, 0.0]]], requires_grad=True)  # saturated
     index = torch.tensor([[[1, 2, 3]]])
     adv = torch.tensor([[[-1.0, 5.0, math.nan]]])
-    loss, active = expected_branch_loss(logits, index, adv, natural=True)
+    loss, active = expected_branch_loss(logits, index, adv, mode="natural")
     assert active.tolist() == [[True]]
     loss.sum().backward()
     probs = torch.softmax(logits.detach()[0, 0, 1:], dim=-1)
@@ -64,6 +64,20 @@ def test_natural_update_moves_the_logits_by_the_centred_advantages() -> None:
     assert logits.grad[0, 0, 0] == 0
     plain, _ = expected_branch_loss(logits.detach().requires_grad_(True), index, adv)
     assert abs(float(plain.sum())) < 1e-6
+
+
+def test_greedy_update_pulls_toward_the_best_estimate_until_it_is_taken() -> None:
+    index = torch.tensor([[[1, 2, 3], [1, 2, 3]]])
+    adv = torch.tensor([[[-1.0, 5.0, math.nan], [0.0, 0.0, math.nan]]])
+    wrong = torch.tensor([[[0.0, 9.0, -9.0, 0.0], [0.0, 0.0, 0.0, 0.0]]], requires_grad=True)
+    loss, active = expected_branch_loss(wrong, index, adv, mode="greedy")
+    loss.sum().backward()
+    # -6 * log pi(token 2): the gradient on z_2 is -6 * (1 - pi(2)), about -6 here.
+    assert wrong.grad[0, 0, 2].item() == pytest.approx(-6.0, abs=1e-3)
+    assert wrong.grad[0, 1].abs().max() == 0  # equal estimates: no gap, no push
+    right = torch.tensor([[[0.0, -9.0, 9.0, -9.0], [0.0, 0.0, 0.0, 0.0]]], requires_grad=True)
+    expected_branch_loss(right, index, adv, mode="greedy")[0].sum().backward()
+    assert right.grad.abs().max() < 1e-3
 
 
 def test_positions_with_one_estimate_keep_the_sampled_term() -> None:
