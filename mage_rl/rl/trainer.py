@@ -120,7 +120,7 @@ class Trainer:
         )
         self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
         self.start_iteration = 0
-        # With choice_update expected or natural, the running estimates of the branch points.
+        # Unless choice_update is "sampled": the running estimates of the branch points.
         choice = cfg.advantages.choice_update
         self.branch_values = BranchValues(cfg.advantages) if choice != "sampled" else None
         self.learner.branch_mode = choice
