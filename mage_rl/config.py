@@ -437,6 +437,17 @@ class TrainConfig(RunConfig):
                     f"advantages.choice_update: {choice} needs the embedded learner (the "
                     "local or Ray backend); OpenRLHF's actor trains the sampled tokens only"
                 )
+            if self.advantages.branch_source == "step" and self.advantages.estimator != "gigpo":
+                raise ValueError(
+                    "advantages.branch_source: step takes GiGPO's step-level advantages; "
+                    "set advantages.estimator: gigpo"
+                )
+        elif self.advantages.branch_source != "advantage":
+            raise ValueError(
+                f"advantages.branch_source: {self.advantages.branch_source} feeds the "
+                "branch-point estimates, which only advantages.choice_update other than "
+                "sampled uses; set a choice_update or drop branch_source"
+            )
         if self.eval.stratify and self.meta.stop_on_success:
             raise ValueError(
                 "eval.stratify weighs the last episode of every task, but "

@@ -59,6 +59,8 @@ ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
 STEP_POOLS: tuple[str, ...] = ("group", "batch")
 CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected", "natural", "greedy")
+BranchSource = Literal["advantage", "step"]
+BRANCH_SOURCES: tuple[str, ...] = ("advantage", "step")
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +109,12 @@ class AdvantageConfig:
             supports these.
         branch_memory: With ``choice_update`` other than ``"sampled"``, the weight ``m ** age`` at
             which earlier batches stay in those means (0: this batch only); below 1.
+        branch_source: What those means average. ``"advantage"``: each turn's GiGPO
+            advantage ``A_E + omega * A_S``. ``"step"``: its step-level part ``A_S``
+            alone, the comparison with the other turns of its group at the same anchor
+            state; it leaves out the episode-level part, which every turn of a
+            meta-episode shares, so a choice is not credited with how the rest of its
+            meta-episode went.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
@@ -118,6 +126,7 @@ class AdvantageConfig:
     step_pool: StepPool = "group"
     choice_update: ChoiceUpdate = "sampled"
     branch_memory: float = 0.0
+    branch_source: BranchSource = "advantage"
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -128,6 +137,7 @@ class AdvantageConfig:
             ("grouping", GROUPINGS),
             ("step_pool", STEP_POOLS),
             ("choice_update", CHOICE_UPDATES),
+            ("branch_source", BRANCH_SOURCES),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -358,6 +368,7 @@ def compute_advantages(
     records: Sequence[MetaEpisodeRecord],
     ret_cfg: ReturnConfig | None = None,
     adv_cfg: AdvantageConfig | None = None,
+    step_only: bool = False,
 ) -> list[list[float]]:
     """Advantage of every turn of every record.
 
@@ -366,6 +377,8 @@ def compute_advantages(
             be present: baselines are computed over what is passed in).
         ret_cfg: Reward mode, discounts, penalties (defaults: MAGE).
         adv_cfg: Estimator, normalization, anchor scope, grouping (defaults: MAGE).
+        step_only: Return GiGPO's step-level part ``A_S`` alone, without the
+            episode-level part or ``omega`` (``advantages.branch_source: step``).
 
     Returns:
         ``advantages[i][j]`` for turn ``j`` of ``records[i]``, aligned with
@@ -381,6 +394,8 @@ def compute_advantages(
         _check_stationary(records, groups)
 
     if adv_cfg.estimator == "grpo":
+        if step_only:
+            raise ValueError("step_only needs the gigpo estimator: GRPO has no step-level part")
         per_record = grpo_advantages([final_reward(r) for r in records], groups, adv_cfg.eps)
         return [[float(a)] * len(r.turns) for r, a in zip(records, per_record, strict=True)]
 
@@ -405,16 +420,23 @@ def compute_advantages(
             "Set Turn.anchor to the observation the turn acted on.",
             unanchored,
         )
-    flat = gigpo_advantages(
-        np.concatenate(scores),
-        np.concatenate(returns),
-        sample_groups,
-        anchors,
-        norm=adv_cfg.norm,
-        omega=adv_cfg.omega,
-        eps=adv_cfg.eps,
-        step_group_ids=None if adv_cfg.step_pool == "group" else [""] * len(sample_groups),
-    )
+    step_groups = None if adv_cfg.step_pool == "group" else [""] * len(sample_groups)
+    if step_only:
+        flat = step_level_advantages(
+            np.concatenate(returns), step_groups or sample_groups, anchors, adv_cfg.norm,
+            adv_cfg.eps,
+        )  # fmt: skip
+    else:
+        flat = gigpo_advantages(
+            np.concatenate(scores),
+            np.concatenate(returns),
+            sample_groups,
+            anchors,
+            norm=adv_cfg.norm,
+            omega=adv_cfg.omega,
+            eps=adv_cfg.eps,
+            step_group_ids=step_groups,
+        )
     out: list[list[float]] = []
     start = 0
     for record in records:

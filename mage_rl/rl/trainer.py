@@ -159,7 +159,12 @@ class Trainer:
         advantages = compute_advantages(records, self.cfg.returns, self.cfg.advantages)
         branch = None
         if self.branch_values is not None:
-            self.branch_values.observe(records, advantages)
+            source = advantages
+            if self.cfg.advantages.branch_source == "step":
+                source = compute_advantages(
+                    records, self.cfg.returns, self.cfg.advantages, step_only=True
+                )
+            self.branch_values.observe(records, source)
             branch = self.branch_values.annotate(records)
         samples = samples_from_records(records, advantages, branch)
         if self.recompute_old_logprobs:

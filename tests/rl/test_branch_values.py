@@ -151,6 +151,33 @@ def test_table_means_keys_and_memory(tiny_pair) -> None:
     assert restored.state_dict() == values.state_dict()
 
 
+def test_step_source_leaves_out_the_episode_level_part(tiny_pair) -> None:
+    import dataclasses
+
+    from mage_rl.rl.advantages import compute_advantages
+
+    _, tok = tiny_pair
+    # One group of three meta-episodes: two turns each, J then K; rewards differ.
+    records = []
+    for i, (first, second) in enumerate([(0, 1), (1, 1), (0, 0)]):
+        a, b = _turn(tok, first, "J"), _turn(tok, second, "K")
+        a.reward, b.reward, b.step = float(i), 2.0 * i - 1.0, 1
+        records.append(MetaEpisodeRecord(uid="g", rollout=i, env="kuhn_poker", seed=0,
+                                         opponent="kuhn:a", seat=0, turns=[a, b]))  # fmt: skip
+    cfg = AdvantageConfig(choice_update="greedy", branch_source="step", omega=2.0)
+    step = compute_advantages(records, adv_cfg=cfg, step_only=True)
+    both = compute_advantages(records, adv_cfg=cfg)
+    episode = compute_advantages(records, adv_cfg=dataclasses.replace(cfg, omega=0.0))
+    for s, b, e in zip(step, both, episode, strict=True):
+        assert s == pytest.approx([(x - y) / 2.0 for x, y in zip(b, e, strict=True)])
+    assert any(abs(x) > 1e-9 for row in step for x in row)
+    assert any(abs(x) > 1e-9 for row in episode for x in row)
+    with pytest.raises(ValueError, match="gigpo"):
+        compute_advantages(records, adv_cfg=AdvantageConfig(estimator="grpo"), step_only=True)
+    with pytest.raises(ValueError, match="branch_source"):
+        AdvantageConfig(branch_source="episode")
+
+
 def test_learner_moves_the_better_token_even_when_the_other_was_sampled(tiny_pair) -> None:
     model, tok = tiny_pair
     turn = _turn(tok, 0, "J")  # PASS was sampled
@@ -209,6 +236,12 @@ def test_config_needs_constrained_answers_and_the_embedded_learner() -> None:
         load([*sets, "train.backend=openrlhf"])
     with pytest.raises(ValueError, match="branch_memory"):
         AdvantageConfig(branch_memory=1.0)
+    step = [*sets, "advantages.branch_source=step"]
+    assert load(step).advantages.branch_source == "step"
+    with pytest.raises(ValueError, match="estimator: gigpo"):
+        load([*step, "advantages.estimator=grpo"])
+    with pytest.raises(ValueError, match="only advantages.choice_update"):
+        load(["advantages.branch_source=step"])
 
 
 def test_training_uses_the_table_and_a_resume_restores_it(tmp_path: Path) -> None:
