@@ -442,12 +442,14 @@ class TrainConfig(RunConfig):
                     "advantages.branch_source: step takes GiGPO's step-level advantages; "
                     "set advantages.estimator: gigpo"
                 )
-        elif self.advantages.branch_source != "advantage":
-            raise ValueError(
-                f"advantages.branch_source: {self.advantages.branch_source} feeds the "
-                "branch-point estimates, which only advantages.choice_update other than "
-                "sampled uses; set a choice_update or drop branch_source"
-            )
+        else:
+            for name, default in (("branch_source", "advantage"), ("branch_unseen", "sampled")):
+                if (value := getattr(self.advantages, name)) != default:
+                    raise ValueError(
+                        f"advantages.{name}: {value} shapes the branch-point estimates, "
+                        "which only advantages.choice_update other than sampled uses; set "
+                        f"a choice_update or drop {name}"
+                    )
         if self.eval.stratify and self.meta.stop_on_success:
             raise ValueError(
                 "eval.stratify weighs the last episode of every task, but "

@@ -61,6 +61,8 @@ STEP_POOLS: tuple[str, ...] = ("group", "batch")
 CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected", "natural", "greedy")
 BranchSource = Literal["advantage", "step"]
 BRANCH_SOURCES: tuple[str, ...] = ("advantage", "step")
+BranchUnseen = Literal["sampled", "baseline"]
+BRANCH_UNSEEN: tuple[str, ...] = ("sampled", "baseline")
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,12 @@ class AdvantageConfig:
             state; it leaves out the episode-level part, which every turn of a
             meta-episode shares, so a choice is not credited with how the rest of its
             meta-episode went.
+        branch_unseen: A branch point where only one allowed token has an estimate.
+            ``"sampled"``: it keeps the sampled PPO term. ``"baseline"``: the tokens
+            never taken there count as 0, the state's baseline (the estimates are
+            centred advantages), so the branch-point update acts from the first visit
+            and an answer that did worse than average there pushes toward the untried
+            one.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
@@ -127,6 +135,7 @@ class AdvantageConfig:
     choice_update: ChoiceUpdate = "sampled"
     branch_memory: float = 0.0
     branch_source: BranchSource = "advantage"
+    branch_unseen: BranchUnseen = "sampled"
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -138,6 +147,7 @@ class AdvantageConfig:
             ("step_pool", STEP_POOLS),
             ("choice_update", CHOICE_UPDATES),
             ("branch_source", BRANCH_SOURCES),
+            ("branch_unseen", BRANCH_UNSEEN),
         ):
             value = getattr(self, name)
             if value not in allowed:

@@ -100,8 +100,10 @@ class BranchValues:
         A position gets a list aligned with the turn's allowed set there when it is a
         branch point with at least two estimated tokens (the others NaN), and an empty
         list otherwise, which keeps the sampled term (the layout
-        :func:`~mage_rl.rl.batching.samples_from_records` takes).
+        :func:`~mage_rl.rl.batching.samples_from_records` takes). With
+        ``branch_unseen="baseline"`` one estimated token is enough: the others get 0.
         """
+        baseline = self.config.branch_unseen == "baseline"
         out: list[list[list[list[float]]]] = []
         for record in records:
             anchors = self._anchors(record)
@@ -114,7 +116,10 @@ class BranchValues:
                 for j in branch_points(turn.allowed):
                     prefix = turn.response_ids[:j]
                     values = [self.estimate(anchor, prefix, t) for t in turn.allowed[j]]
-                    if sum(not math.isnan(v) for v in values) >= 2:
+                    known = sum(not math.isnan(v) for v in values)
+                    if baseline and known >= 1:
+                        rows[j] = [0.0 if math.isnan(v) else v for v in values]
+                    elif known >= 2:
                         rows[j] = values
                 per_turn.append(rows)
             out.append(per_turn)

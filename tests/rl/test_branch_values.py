@@ -150,6 +150,12 @@ def test_table_means_keys_and_memory(tiny_pair) -> None:
     restored.load_state_dict(values.state_dict())
     assert restored.state_dict() == values.state_dict()
 
+    # branch_unseen=baseline: one estimated token is enough, the untried one counts 0.
+    base = BranchValues(AdvantageConfig(choice_update="greedy", branch_unseen="baseline"))
+    base.observe(records[3:], [[5.0]])
+    assert base.annotate(records[3:])[0][0][j] == [{pass_id: 0.0, bet_id: 5.0}[t] for t in order]
+    assert base.annotate(records[:1])[0][0][j] == []  # a state never visited: no estimate
+
 
 def test_step_source_leaves_out_the_episode_level_part(tiny_pair) -> None:
     import dataclasses
@@ -242,6 +248,9 @@ def test_config_needs_constrained_answers_and_the_embedded_learner() -> None:
         load([*step, "advantages.estimator=grpo"])
     with pytest.raises(ValueError, match="only advantages.choice_update"):
         load(["advantages.branch_source=step"])
+    with pytest.raises(ValueError, match="branch_unseen"):
+        load(["advantages.branch_unseen=baseline"])
+    assert load([*sets, "advantages.branch_unseen=baseline"]).advantages.branch_unseen == "baseline"
 
 
 def test_training_uses_the_table_and_a_resume_restores_it(tmp_path: Path) -> None:
