@@ -11,16 +11,16 @@ the rest are held out; every 10 steps it prints the held-out P(best answer) by h
 the last hand's by state (seat 0/1, betting, card). Models are saved at steps 20, 40 and
 the last, for ``evaluate.py``.
 
-usage: python supervised.py ROLLOUT.jsonl OUTDIR [lr] [steps] [mini_batch]
+usage: python supervised.py ROLLOUT.jsonl[.gz] OUTDIR [lr] [steps] [mini_batch]
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from open_spiel.python.algorithms import best_response
@@ -127,7 +127,9 @@ def main() -> None:
     best = best_fixed_actions()
     print("best fixed:", json.dumps({f"{s}:{k}": a for (s, k), a in sorted(best.items())}))
     model, tok = load_model("smollm2", dtype="fp32")
-    records = [MetaEpisodeRecord.from_json(line) for line in Path(path).read_text().splitlines()]
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        records = [MetaEpisodeRecord.from_json(line) for line in f]
     data = examples(records, tok, best)
     train, held = data[:192], data[192:]
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
