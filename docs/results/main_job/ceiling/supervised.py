@@ -21,45 +21,28 @@ import json
 import random
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
-from open_spiel.python.algorithms import best_response
 
-from mage_rl.eval.oracles import kuhn_game, mixture_policy, opponent_policy
+from mage_rl.envs.opponents import POPULATION_PRESETS
 from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 
-POP = {"kuhn_poker:conservative": 0.3, "kuhn_poker:aggressive": 0.3, "kuhn_poker:intermediate": 0.4}
+sys.path.insert(0, str(Path(__file__).parent))
+from strategies import answer_values  # noqa: E402
+
 CARDS = {"J": "0", "Q": "1", "K": "2"}
 
 
 def best_fixed_actions() -> dict[tuple[int, str], str]:
-    """(seat, info state) -> 'BET' or 'PASS' of the best response to the population."""
-    game = kuhn_game()
-    out = {}
-    for seat in (0, 1):
-        opp = 1 - seat
-        mixed = mixture_policy([opponent_policy(s, opp) for s in POP], list(POP.values()), opp)
-        br = best_response.BestResponsePolicy(game, seat, mixed)
-        for card in "012":
-            for hist in ["", "pb"] if seat == 0 else ["p", "b"]:
-                key = f"{card}{hist}"
-                probs = br.action_probabilities(_state(game, seat, card, hist))
-                action = max(probs, key=probs.get)
-                out[(seat, key)] = "BET" if action == 1 else "PASS"
-    return out
-
-
-def _state(game, seat, card, hist):
-    state = game.new_initial_state()
-    other = [c for c in "012" if c != card][0]
-    deal = (card, other) if seat == 0 else (other, card)
-    state.apply_action(int(deal[0]))
-    state.apply_action(int(deal[1]))
-    for h in hist:
-        state.apply_action(0 if h == "p" else 1)
-    assert state.information_state_string(seat).endswith(hist)
-    return state
+    """(seat, info state) -> 'BET' or 'PASS' of the best fixed strategy against
+    ``kuhn_train`` (the answer values of ``strategies.py``; a tie is PASS)."""
+    values = answer_values(POPULATION_PRESETS["kuhn_train"])
+    return {
+        (seat, f"{card}{history}"): "BET" if bet > pas else "PASS"
+        for (seat, history, card), (bet, pas, _) in values.items()
+    }
 
 
 def info_key(anchor: str) -> tuple[int, str, str]:
