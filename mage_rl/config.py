@@ -331,6 +331,13 @@ class EvalSection(_Strict):
         description="Agents (react, reflexion or a registered one) evaluated on the base "
         "model before iteration 1, on the same tasks and settings.",
     )
+    baseline_tasks: int = Field(
+        0,
+        ge=0,
+        description="Task instances for the agents of `baselines` (0: `tasks`). Fewer "
+        "plays the first ones of the same tasks (stratified: the first seeds of every "
+        "stratum, at least 2), for a cheaper comparison with wider intervals.",
+    )
     stratify: bool = Field(
         False,
         description="Stratified tasks: every opponent, seat and deal of the last "
@@ -465,4 +472,9 @@ class TrainConfig(RunConfig):
                 raise ValueError(f"eval.baselines repeats an agent: {self.eval.baselines}")
             if "untrained" in self.eval.baselines:
                 raise ValueError("eval.baselines: 'untrained' is eval.before: true")
+        if self.eval.baseline_tasks > self.eval.tasks:
+            raise ValueError(
+                f"eval.baseline_tasks ({self.eval.baseline_tasks}) exceeds eval.tasks "
+                f"({self.eval.tasks}): the baselines play a subset of the evaluation tasks"
+            )
         return self

@@ -95,6 +95,42 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+def _train_only_top_layers(model: Any, count: int) -> None:
+    """Freeze every weight but the last ``count`` decoder blocks, the final norm and an
+    untied output head (``LearnerConfig.train_top_layers``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    blocks = getattr(decoder, "layers", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise ValueError(
+            f"learner.train_top_layers needs a model whose decoder keeps its blocks in "
+            f"`.layers` (Llama, Qwen, Mistral...); {type(model).__name__} does not: set "
+            "train_top_layers: 0 to train every weight"
+        )
+    if count > len(blocks):
+        raise ValueError(
+            f"learner.train_top_layers is {count} but the model has {len(blocks)} decoder "
+            "blocks; give at most that many (0 trains every weight)"
+        )
+    model.requires_grad_(False)
+    for block in blocks[len(blocks) - count :]:
+        block.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if isinstance(norm, nn.Module):
+        norm.requires_grad_(True)
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and (embeddings is None or head.weight is not embeddings.weight):
+        head.requires_grad_(True)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "training the top %d of %d decoder blocks: %.1fM of %.1fM weights",
+        count,
+        len(blocks),
+        trained / 1e6,
+        total / 1e6,
+    )
+
+
 def _freeze(model: nn.Module) -> nn.Module:
     model.requires_grad_(False)
     return model.eval()
@@ -174,6 +210,8 @@ class Learner(LearnerCheckpoints):
         elif any(p.dtype != torch.float32 for p in model.parameters()):
             logger.info("casting the policy to float32 master weights")
             model = model.float()
+        if cfg.train_top_layers:
+            _train_only_top_layers(model, cfg.train_top_layers)
         return model.eval()
 
     def _make_reference(self, ref_model: nn.Module | None) -> nn.Module | None:

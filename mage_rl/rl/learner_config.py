@@ -100,6 +100,10 @@ class LearnerConfig:
         lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
         lora_target_modules: Module names that get adapters (all attention and MLP
             projections of Llama/Qwen-style models by default).
+        train_top_layers: Full fine-tuning of only the last N decoder blocks and the
+            final norm (an untied output head stays trained too); the embeddings and the
+            blocks below are frozen, so the backward pass stops at block N from the top.
+            0 trains every weight. Not combined with ``lora``.
     """
 
     lr: float = 1e-6
@@ -129,6 +133,7 @@ class LearnerConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    train_top_layers: int = 0
 
     def __post_init__(self) -> None:
         positive = ("lr", "adam_eps", "clip_eps", "temperature")
@@ -146,6 +151,7 @@ class LearnerConfig:
             "max_grad_norm",
             "lora_dropout",
             "lr_warmup_steps",
+            "train_top_layers",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -166,6 +172,11 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"LearnerConfig.betas must be two values in [0, 1), got {self.betas}")
+        if self.lora and self.train_top_layers:
+            raise ValueError(
+                "LearnerConfig.train_top_layers and lora exclude each other: LoRA already "
+                "trains only its adapters; set one of them"
+            )
         if self.lora and not self.lora_target_modules:
             raise ValueError(
                 "LearnerConfig.lora_target_modules is empty; name the modules to adapt"

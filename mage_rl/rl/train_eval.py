@@ -43,17 +43,22 @@ def strata_count(cfg: Any) -> int:
     return len(population.specs) * seats * len(_all_first_deals(env.game, 0))
 
 
-def eval_tasks(cfg: Any) -> tuple[list[TaskInstance], StratifiedDesign | None]:
+def eval_tasks(
+    cfg: Any, count: int | None = None
+) -> tuple[list[TaskInstance], StratifiedDesign | None]:
     """The evaluation tasks of a run, and the stratified design when ``eval.stratify``.
 
-    A stratified design plays ``ceil(eval.tasks / strata)`` tasks (at least 2) in every
-    stratum, so its size is ``eval.tasks`` rounded up to a multiple of the strata.
+    A stratified design plays ``ceil(count / strata)`` tasks (at least 2) in every
+    stratum, so its size is ``count`` rounded up to a multiple of the strata. ``count``
+    (default ``eval.tasks``) smaller than ``eval.tasks`` gives a subset of its tasks:
+    the first ones, or under stratification the first seeds of every stratum.
     """
     from mage_rl import runtime
 
+    count = cfg.eval.tasks if count is None else count
     if not cfg.eval.stratify:
-        return runtime.tasks_for(cfg, cfg.eval.tasks, cfg.eval.seed), None
-    per_stratum = max(2, math.ceil(cfg.eval.tasks / strata_count(cfg)))
+        return runtime.tasks_for(cfg, cfg.eval.tasks, cfg.eval.seed)[:count], None
+    per_stratum = max(2, math.ceil(count / strata_count(cfg)))
     design = stratified_tasks(
         cfg.env.name,
         runtime.population(cfg),
@@ -102,11 +107,13 @@ def evaluate_baselines(trainer: Any, progress: Any = None) -> list[Path]:
     """Evaluate the untrained graph and the baseline agents, unless done already.
 
     Runs with the engine's weights as they are, so it must be called before the first
-    update. A run that is resumed keeps the files it wrote the first time.
+    update. A run that is resumed keeps the files it wrote the first time. The agents of
+    ``eval.baselines`` play the first ``eval.baseline_tasks`` of the tasks when that is
+    set (see :func:`eval_tasks`).
 
     Args:
         trainer: The :class:`~mage_rl.rl.trainer.Trainer`.
-        progress: ``fn(label) -> on_done`` for a progress display, or ``None``.
+        progress: ``fn(label, tasks) -> on_done`` for a progress display, or ``None``.
     """
     from mage_rl import runtime
     from mage_rl.graphs import agent_graph
@@ -125,7 +132,9 @@ def evaluate_baselines(trainer: Any, progress: Any = None) -> list[Path]:
             options = replace(options, constrain_actions=False, answer_lead=False)
         graph = trainer.graph if label == UNTRAINED else agent_graph(label, options)
         tasks, design = trainer.eval_design
-        on_done = progress(label) if progress else None
+        if label != UNTRAINED and 0 < cfg.eval.baseline_tasks < len(tasks):
+            tasks, design = eval_tasks(cfg, cfg.eval.baseline_tasks)
+        on_done = progress(label, len(tasks)) if progress else None
         records = runtime.run_rollouts(cfg, graph, trainer.eval_llm, tasks, 1, on_done)
         summary = summarize_eval(records, cfg, design)
         summary["constrain_actions"] = options.constrain_actions

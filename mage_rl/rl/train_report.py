@@ -224,10 +224,16 @@ def write_training_report(
     oracle = oracle_values(cfg)
     stratified = any("stratified" in s for _, s in rows)
     lines = [f"# {cfg.env.name}: {cfg.meta.agent} after {final_iteration} iterations", ""]
-    n = rows[0][1]["n"] if rows else 0
+    n = max((s["n"] for _, s in rows), default=0)
+    fewer = [f"{name} played {s['n']} of them" for name, s in rows if s["n"] < n]
+    subset = ""
+    if fewer:
+        which = "the first seeds of every stratum" if stratified else "the first ones"
+        subset = f"; {', '.join(fewer)}, {which}"
     lines += [
-        f"Evaluation: {n} meta-episodes per agent on the same tasks (seed {cfg.eval.seed}), "
-        f"K = {k}, temperature {cfg.eval.temperature}"
+        f"Evaluation: {n} meta-episodes per agent on the same tasks (seed {cfg.eval.seed}"
+        f"{subset})"
+        + f", K = {k}, temperature {cfg.eval.temperature}"
         + (", stratified over opponent, seat and last deal" if stratified else "")
         + ". Intervals are 95 %."
         + (" A hand abandoned after invalid answers counts 0 chips in the stratified ev@k."

@@ -230,8 +230,9 @@ class Trainer:
                 )
                 ep_bar = progress.add_task("meta-episodes", total=per_iter, info="")
 
-                def eval_bar(label: str) -> Any:
-                    total_tasks = len(self.eval_design[0])
+                def eval_bar(label: str, total_tasks: int | None = None) -> Any:
+                    if total_tasks is None:
+                        total_tasks = len(self.eval_design[0])
                     progress.reset(ep_bar, total=total_tasks, description=f"eval: {label}")
                     return lambda _r: progress.advance(ep_bar)
 

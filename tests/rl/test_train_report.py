@@ -15,7 +15,8 @@ CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 SETTINGS = [
     "env.population=kuhn:conservative", "env.seat=first", "env.protocol=fresh",
     "meta.stop_on_success=false", "policy.constrain_actions=true", "train.iterations=1",
-    "eval.tasks=12", "eval.stratify=true", "meta.episodes=2", "policy.max_tokens=12", "eval.before=true", "eval.baselines=[react]",
+    "eval.tasks=18", "eval.stratify=true", "meta.episodes=2", "policy.max_tokens=12", "eval.before=true", "eval.baselines=[react]",
+    "eval.baseline_tasks=12",
 ]  # fmt: skip
 
 
@@ -28,13 +29,21 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
     untrained = json.loads((run / "eval" / "untrained.json").read_text())
     trained = json.loads((run / "eval" / "iter_000001.json").read_text())
     react = json.loads((run / "eval" / "react.json").read_text())
-    # The same 6 deals x 2 tasks, every agent.
-    for summary in (untrained, trained, react):
-        assert summary["n"] == 12 and len(summary["stratified"]["ev@k"]) == 2
+    # The same 6 deals x 3 tasks for the run's own graph; the baseline (eval.baseline_tasks)
+    # plays the first 2 of every deal.
+    for summary in (untrained, trained):
+        assert summary["n"] == 18 and len(summary["stratified"]["ev@k"]) == 2
+    assert react["n"] == 12 and len(react["stratified"]["ev@k"]) == 2
     assert react["constrain_actions"] is False and untrained["constrain_actions"] is True
-    ids = [json.loads(line)["seed"] for line in (run / "eval" / "untrained.jsonl").open()]
-    assert ids == [json.loads(line)["seed"] for line in (run / "eval" / "react.jsonl").open()]
+
+    def tasks(label: str) -> list[tuple]:
+        lines = (run / "eval" / f"{label}.jsonl").open()
+        return [(r["seed"], r["opponent"], r["seat"]) for r in map(json.loads, lines)]
+
+    assert tasks("untrained") == tasks("iter_000001")
+    assert set(tasks("react")) < set(tasks("untrained"))
     report = (run / "report.md").read_text()
+    assert "react played 12 of them, the first seeds of every stratum" in report
     for needle in (
         "| untrained |",
         "| react |",
@@ -67,6 +76,24 @@ def test_eval_settings_that_cannot_work_are_refused() -> None:
         load_config(CONFIG, ["eval.stratify=true"], TrainConfig)
     with pytest.raises(ValueError, match="no_such_agent"):
         load_config(CONFIG, ["eval.baselines=[no_such_agent]"], TrainConfig)
+    with pytest.raises(ValueError, match="baseline_tasks .* exceeds eval.tasks"):
+        load_config(CONFIG, ["eval.tasks=8", "eval.baseline_tasks=9"], TrainConfig)
+
+
+def test_fewer_baseline_tasks_are_the_first_of_the_same_tasks() -> None:
+    from mage_rl.rl.train_eval import eval_tasks
+
+    plain = load_config(CONFIG, ["eval.tasks=10"], TrainConfig)
+    everything, _ = eval_tasks(plain)
+    first, design = eval_tasks(plain, 4)
+    assert len(everything) == 10 and first == everything[:4] and design is None
+    stratified = load_config(CONFIG, [*SETTINGS, "eval.tasks=36"], TrainConfig)
+    everything, full = eval_tasks(stratified)
+    fewer, part = eval_tasks(stratified, 13)  # rounded up to 3 per stratum
+    assert len(everything) == 36 and len(fewer) == 18 and set(fewer) < set(everything)
+    assert part is not None and full is not None and part.weights == full.weights
+    per_stratum = {key: part.strata.count(key) for key in part.weights}
+    assert set(per_stratum.values()) == {3}
 
 
 def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> None:
