@@ -299,9 +299,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=300)
     p.add_argument("--response-len", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--prompt-spread", type=int, default=0, help="prompt lengths vary by +- this many tokens"
+    )
+    p.add_argument("--kl-coef", type=float, default=0.1, help="0: no reference forward pass")
+    p.add_argument(
+        "--variants",
+        type=lambda text: [v for v in text.split(",") if v],
+        default=None,
+        help="learner settings to compare instead of bf16 vs fp32, comma-separated "
+        "DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]], say fp32:8192,fp32:1024:15",
+    )
     _add_common(p)
     p.set_defaults(
-        func=_throughput("learner", *_MODEL, "samples", "prompt_len", "response_len", "repeats")
+        func=_throughput(
+            "learner",
+            *_MODEL,
+            "samples",
+            "prompt_len",
+            "response_len",
+            "repeats",
+            "prompt_spread",
+            "kl_coef",
+            "variants",
+        )  # fmt: skip
     )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")

@@ -18,6 +18,12 @@ What it measures, per dtype:
 
 The ratio bf16 / fp32 of tokens per second is the claim. bf16 only pays off on CPUs with
 native bf16 instructions (``avx512_bf16``/``amx_bf16``); elsewhere it is emulated.
+
+``variants`` compares other learner settings the same way: each is
+``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` (say ``fp32:1024:15``), and every
+variant after the first gets its ratio to the first. ``prompt_spread`` draws each
+prompt's length from ``prompt_len +- prompt_spread``, so that micro-batches carry
+padding as real batches do.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ def bench_learner(
     repeats: int = 2,
     kl_coef: float = 0.1,
     micro_batch_tokens: int = 8192,
+    variants: Sequence[str] | None = None,
+    prompt_spread: int = 0,
 ) -> dict[str, Any]:
     """Time :meth:`~mage_rl.rl.learner.Learner.update` on synthetic samples per dtype.
 
@@ -60,18 +68,23 @@ def bench_learner(
         kl_coef: KL weight; above 0 the learner keeps a reference copy and runs one more
             forward pass per micro-batch (training configs use 0.1).
         micro_batch_tokens: Padded tokens per forward pass (training config: 8192).
+        variants: Learner settings to compare instead of ``dtypes``:
+            ``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` each (missing parts: the
+            ``micro_batch_tokens`` argument and 0, every layer trained).
+        prompt_spread: Prompt lengths are drawn from ``prompt_len +- prompt_spread``.
 
     Returns:
-        ``{"config": {...}, "dtypes": {dtype: {...}}, "ratios": {...}}``. Each dtype has
+        ``{"config": {...}, "dtypes": {variant: {...}}, "ratios": {...}}``. Each entry has
         ``autocast`` (the resolved autocast dtype or ``float32``), ``tokens_per_update``,
         ``warmup_s``, ``update_s`` (the fastest timed update), ``tokens_per_s``,
         ``repeat_s`` (every timed update), ``cpu_cores`` (process CPU time over wall time
         of the timed updates; well under ``torch_threads`` hints at competing processes),
         ``approx_kl`` and ``clip_frac`` of the warm-up update (about 0: the ratio
-        starts at 1). ``ratios["bf16/fp32"]`` of ``tokens_per_s`` is there when both ran.
+        starts at 1). ``ratios["bf16/fp32"]`` of ``tokens_per_s`` is there when both ran;
+        with ``variants``, ``ratios["V/FIRST"]`` for every variant after the first.
 
     Raises:
-        ValueError: On an unknown dtype or a non-positive size.
+        ValueError: On an unknown dtype, a malformed variant or a non-positive size.
     """
     import torch
 
@@ -79,10 +92,12 @@ def bench_learner(
     from mage_rl.rl.batching import Sample
     from mage_rl.rl.learner import Learner, LearnerConfig
 
-    dtypes = tuple(dtypes)
-    bad = [d for d in dtypes if d not in DTYPES]
-    if bad or not dtypes or len(set(dtypes)) != len(dtypes):
-        raise ValueError(f"dtypes={list(dtypes)}: give distinct values among {list(DTYPES)}")
+    names = tuple(variants) if variants else tuple(dtypes)
+    settings = {name: _variant(name, micro_batch_tokens) for name in names}
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"{list(names)}: give distinct learner settings to compare")
+    if not 0 <= prompt_spread < prompt_len:
+        raise ValueError(f"prompt_spread must be in [0, prompt_len), got {prompt_spread}")
     for name, value in (
         ("samples", samples),
         ("prompt_len", prompt_len),
@@ -94,21 +109,24 @@ def bench_learner(
 
     ids: list[tuple[list[int], list[int], float]] | None = None
     results: dict[str, dict[str, Any]] = {}
-    for dtype in dtypes:
-        # A fresh fp32 copy per dtype: the learner trains in place and keeps fp32 master
-        # weights anyway, so every dtype starts from the same weights.
+    for dtype, (precision, micro, top) in settings.items():
+        # A fresh fp32 copy per variant: the learner trains in place and keeps fp32 master
+        # weights anyway, so every variant starts from the same weights.
         lm, _ = load_model(model, dtype="fp32")
         if ids is None:
-            ids = _synthetic_ids(lm.config.vocab_size, samples, prompt_len, response_len, seed)
+            ids = _synthetic_ids(
+                lm.config.vocab_size, samples, prompt_len, response_len, seed, prompt_spread
+            )
         learner = Learner(
             lm,
             LearnerConfig(
                 lr=1e-6,
                 kl_coef=kl_coef,
                 mini_batch_size=samples,
-                micro_batch_tokens=micro_batch_tokens,
-                dtype=dtype,
+                micro_batch_tokens=micro,
+                dtype=precision,
                 seed=seed,
+                train_top_layers=top,
             ),
         )
         unscored = [Sample(p, r, [0.0] * len(r), a) for p, r, a in ids]
@@ -147,6 +165,12 @@ def bench_learner(
     ratios = {}
     if "bf16" in results and "fp32" in results:
         ratios["bf16/fp32"] = results["bf16"]["tokens_per_s"] / results["fp32"]["tokens_per_s"]
+    if variants:
+        first = names[0]
+        for name in names[1:]:
+            ratios[f"{name}/{first}"] = (
+                results[name]["tokens_per_s"] / results[first]["tokens_per_s"]
+            )
     return {
         "config": {
             "model": model,
@@ -157,6 +181,7 @@ def bench_learner(
             "repeats": repeats,
             "kl_coef": kl_coef,
             "micro_batch_tokens": micro_batch_tokens,
+            "prompt_spread": prompt_spread,
             "torch_threads": torch.get_num_threads(),
         },
         "dtypes": results,
@@ -164,31 +189,60 @@ def bench_learner(
     }
 
 
+def _variant(name: str, micro_batch_tokens: int) -> tuple[Any, int, int]:
+    """``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` -> (dtype, micro, top layers)."""
+    parts = name.split(":")
+    try:
+        if parts[0] not in DTYPES or len(parts) > 3:
+            raise ValueError
+        micro = int(parts[1]) if len(parts) > 1 else micro_batch_tokens
+        top = int(parts[2]) if len(parts) > 2 else 0
+    except ValueError:
+        raise ValueError(
+            f"learner setting {name!r}: write DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]] "
+            f"with DTYPE among {list(DTYPES)}, say fp32:1024:15"
+        ) from None
+    return parts[0], micro, top
+
+
 def _synthetic_ids(
-    vocab_size: int, samples: int, prompt_len: int, response_len: int, seed: int
+    vocab_size: int,
+    samples: int,
+    prompt_len: int,
+    response_len: int,
+    seed: int,
+    prompt_spread: int = 0,
 ) -> list[tuple[list[int], list[int], float]]:
-    """``(prompt_ids, response_ids, advantage)`` per sample: uniform ids, normal advantages."""
+    """``(prompt_ids, response_ids, advantage)`` per sample: uniform ids, normal advantages,
+    prompt lengths uniform in ``prompt_len +- prompt_spread``."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, vocab_size, (samples, prompt_len), generator=gen)
+    prompts = torch.randint(0, vocab_size, (samples, prompt_len + prompt_spread), generator=gen)
     responses = torch.randint(0, vocab_size, (samples, response_len), generator=gen)
     advantages = torch.randn(samples, generator=gen)
+    lengths = torch.randint(
+        prompt_len - prompt_spread, prompt_len + prompt_spread + 1, (samples,), generator=gen
+    )
+    if not prompt_spread:
+        lengths = torch.full((samples,), prompt_len)
     return [
-        (prompts[i].tolist(), responses[i].tolist(), float(advantages[i])) for i in range(samples)
+        (prompts[i, : int(lengths[i])].tolist(), responses[i].tolist(), float(advantages[i]))
+        for i in range(samples)
     ]
 
 
 def format_learner_report(result: dict[str, Any]) -> str:
-    """A markdown table of :func:`bench_learner`'s result, one row per dtype, then the ratio."""
+    """A markdown table of :func:`bench_learner`'s result, one row per variant, then ratios."""
     cfg = result["config"]
+    spread = f" +- {cfg['prompt_spread']}" if cfg.get("prompt_spread") else ""
     lines = [
-        f"Learner: model {cfg['model']}, {cfg['samples']} samples of {cfg['prompt_len']} + "
-        f"{cfg['response_len']} tokens per update, kl_coef {cfg['kl_coef']}, "
+        f"Learner: model {cfg['model']}, {cfg['samples']} samples of {cfg['prompt_len']}"
+        f"{spread} + {cfg['response_len']} tokens per update, kl_coef {cfg['kl_coef']}, "
         f"fastest of {cfg['repeats']} timed updates after a warm-up, "
         f"{cfg['torch_threads']} torch threads",
         "",
-        "| dtype | autocast | tokens/update | warm-up s | s/update | tokens/s | approx KL "
+        "| dtype[:micro-batch tokens[:top layers]] | autocast | tokens/update | warm-up s | s/update | tokens/s | approx KL "
         "| clip frac | CPU cores |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -201,4 +255,8 @@ def format_learner_report(result: dict[str, Any]) -> str:
     ratios = result.get("ratios") or {}
     if "bf16/fp32" in ratios:
         lines += ["", f"bf16 / fp32: {ratios['bf16/fp32']:.2f}x tokens/s."]
+    others = [(k, v) for k, v in ratios.items() if k != "bf16/fp32"]
+    if others:
+        lines.append("")
+        lines += [f"{k.replace('/', ' / ')}: {v:.2f}x tokens/s." for k, v in others]
     return "\n".join(lines)
