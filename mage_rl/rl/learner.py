@@ -51,6 +51,7 @@ from mage_rl.rl.batching import (
     collate,
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
+from mage_rl.rl.freezing import train_only_top_layers
 from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import (
     entropy_from_logits,
@@ -93,42 +94,6 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
         return "logits_to_keep" in inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _train_only_top_layers(model: Any, count: int) -> None:
-    """Freeze every weight but the last ``count`` decoder blocks, the final norm and an
-    untied output head (``LearnerConfig.train_top_layers``)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    blocks = getattr(decoder, "layers", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(
-            f"learner.train_top_layers needs a model whose decoder keeps its blocks in "
-            f"`.layers` (Llama, Qwen, Mistral...); {type(model).__name__} does not: set "
-            "train_top_layers: 0 to train every weight"
-        )
-    if count > len(blocks):
-        raise ValueError(
-            f"learner.train_top_layers is {count} but the model has {len(blocks)} decoder "
-            "blocks; give at most that many (0 trains every weight)"
-        )
-    model.requires_grad_(False)
-    for block in blocks[len(blocks) - count :]:
-        block.requires_grad_(True)
-    norm = getattr(decoder, "norm", None)
-    if isinstance(norm, nn.Module):
-        norm.requires_grad_(True)
-    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is not None and (embeddings is None or head.weight is not embeddings.weight):
-        head.requires_grad_(True)
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    logger.info(
-        "training the top %d of %d decoder blocks: %.1fM of %.1fM weights",
-        count,
-        len(blocks),
-        trained / 1e6,
-        total / 1e6,
-    )
 
 
 def _freeze(model: nn.Module) -> nn.Module:
@@ -211,7 +176,7 @@ class Learner(LearnerCheckpoints):
             logger.info("casting the policy to float32 master weights")
             model = model.float()
         if cfg.train_top_layers:
-            _train_only_top_layers(model, cfg.train_top_layers)
+            train_only_top_layers(model, cfg.train_top_layers)
         return model.eval()
 
     def _make_reference(self, ref_model: nn.Module | None) -> nn.Module | None:

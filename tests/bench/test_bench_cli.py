@@ -36,7 +36,7 @@ DEFAULTS = {
     ),
     "learner": dict(
         model="smollm2", seed=0, json=None, threads=None, samples=16, prompt_len=300,
-        response_len=40, repeats=2,
+        response_len=40, repeats=2, prompt_spread=0, kl_coef=0.1, variants=None,
     ),
     "serve": dict(
         model="smollm2", seed=0, json=None, threads=None, clients="1,16", requests=32,
