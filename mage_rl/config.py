@@ -334,9 +334,9 @@ class EvalSection(_Strict):
     baseline_tasks: int = Field(
         0,
         ge=0,
-        description="Task instances for the agents of `baselines` (0: `tasks`). Fewer "
-        "plays the first ones of the same tasks (stratified: the first seeds of every "
-        "stratum, at least 2), for a cheaper comparison with wider intervals.",
+        description="Task instances for the agents of `baselines` (0, or `tasks` and more: "
+        "all of them). Fewer plays the first ones of the same tasks (stratified: the first "
+        "seeds of every stratum, at least 2), for a cheaper comparison with wider intervals.",
     )
     stratify: bool = Field(
         False,
@@ -472,9 +472,4 @@ class TrainConfig(RunConfig):
                 raise ValueError(f"eval.baselines repeats an agent: {self.eval.baselines}")
             if "untrained" in self.eval.baselines:
                 raise ValueError("eval.baselines: 'untrained' is eval.before: true")
-        if self.eval.baseline_tasks > self.eval.tasks:
-            raise ValueError(
-                f"eval.baseline_tasks ({self.eval.baseline_tasks}) exceeds eval.tasks "
-                f"({self.eval.tasks}): the baselines play a subset of the evaluation tasks"
-            )
         return self
