@@ -53,6 +53,44 @@ def action_counts(records: Iterable[Any]) -> dict[str, Counter[str]]:
     return counts
 
 
+def counts_by_episode(records: Iterable[Any]) -> dict[int, dict[str, int]]:
+    """Per episode of the meta-episode (0-based), how often each action was answered,
+    over every state: whether the agent plays its last episode as it plays its first.
+
+    Counts the same play turns as :func:`action_counts`.
+    """
+    counts: dict[int, Counter[str]] = {}
+    for record in records:
+        for turn in _field(record, "turns") or []:
+            if _field(turn, "kind") != "play" or not _field(turn, "anchor"):
+                continue
+            action = extract_action(_field(turn, "text") or "")
+            if _field(turn, "invalid") or action is None:
+                action = INVALID
+            counts.setdefault(int(_field(turn, "episode") or 0), Counter())[action] += 1
+    return {episode: dict(counts[episode]) for episode in sorted(counts)}
+
+
+def episodes_table(
+    agents: Sequence[tuple[str, Mapping[int, Mapping[str, int]]]],
+) -> list[str] | None:
+    """A markdown table: one row per agent, one column per episode (:func:`counts_by_episode`).
+
+    Each cell gives the share of each action in that episode and, in brackets, the
+    number of answers. Returns ``None`` when no agent has an answer.
+    """
+    episodes = sorted({e for _, counts in agents for e in counts})
+    if not episodes:
+        return None
+    lines = [
+        "| agent | " + " | ".join(f"episode {e + 1}" for e in episodes) + " |",
+        "| --- |" + " --- |" * len(episodes),
+    ]
+    for name, counts in agents:
+        lines.append(f"| {name} | " + " | ".join(_cell(counts.get(e)) for e in episodes) + " |")
+    return lines
+
+
 def _cell(counts: Mapping[str, int] | None) -> str:
     if not counts:
         return ""

@@ -19,7 +19,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mage_rl.eval.decisions import decisions_table, small_game_counts
+from mage_rl.eval.decisions import (
+    counts_by_episode,
+    decisions_table,
+    episodes_table,
+    small_game_counts,
+)
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
 from mage_rl.rl.train_eval import UNTRAINED, baseline_labels
@@ -101,18 +106,33 @@ def _rows(run_dir: Path, cfg: Any, final: str) -> list[tuple[str, dict[str, Any]
     return [(name, json.loads(p.read_text())) for name, p in _agents(run_dir, cfg, final, ".json")]
 
 
-def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str] | None, dict[str, Any]]:
-    """The table of what each agent plays at each state, and its counts for report.json
-    (both empty when the game has too many states for a table)."""
-    agents = []
+def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str], dict[str, Any]]:
+    """The tables of what each agent plays at each state and in each episode, and their
+    counts for report.json (both empty when the game has too many states for a table)."""
+    agents, episodes = [], []
     for name, path in _agents(run_dir, cfg, final, ".jsonl"):
         with path.open() as lines:
-            counts = small_game_counts(json.loads(x) for x in lines if x.strip())
+            records = [json.loads(x) for x in lines if x.strip()]
+        counts = small_game_counts(records)
         if counts is None:  # too many states for a table
-            return None, {}
+            return [], {}
         agents.append((name, counts))
+        episodes.append((name, counts_by_episode(records)))
     table = decisions_table(agents)
-    return (table, dict(agents)) if table else (None, {})
+    if not table:
+        return [], {}
+    lines = ["", "What each agent answered at each decision state, over every hand of the "
+             "evaluation (share of each action, number of answers):", "", *table]  # fmt: skip
+    by_episode = episodes_table(episodes)
+    if by_episode:
+        lines += ["", "The same answers by episode of the meta-episode, over every state "
+                  "(does the agent play its last episode as it plays its first?):", "",
+                  *by_episode]  # fmt: skip
+    doc = {
+        "decisions": dict(agents),
+        "decisions_by_episode": {n: {str(e): c for e, c in b.items()} for n, b in episodes},
+    }
+    return lines, doc
 
 
 def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
@@ -258,10 +278,8 @@ def write_training_report(
         for name, summary in rows:
             cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    decisions, counts = _decisions(run_dir, cfg, final)
-    if decisions:
-        lines += ["", "What each agent answered at each decision state, over every hand of the "
-                  "evaluation (share of each action, number of answers):", "", *decisions]  # fmt: skip
+    decisions, decision_counts = _decisions(run_dir, cfg, final)
+    lines += decisions
     if oracle:
         from mage_rl.envs import game_rules
 
@@ -287,9 +305,7 @@ def write_training_report(
     if verdict:
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
-    doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict}
-    if counts:
-        doc["decisions"] = counts
+    doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict, **decision_counts}
     write_results(run_dir / "report.json", doc, started=started)
     stamp = doc["provenance"]
     lines += [

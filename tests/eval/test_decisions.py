@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from mage_rl.eval.decisions import MAX_STATES, action_counts, decisions_table, small_game_counts
+from mage_rl.eval.decisions import (
+    MAX_STATES,
+    action_counts,
+    counts_by_episode,
+    decisions_table,
+    episodes_table,
+    small_game_counts,
+)
 from mage_rl.records import MetaEpisodeRecord
 
 OPEN_J = "Your card: J.\nBetting so far: none.\nLegal actions: PASS, BET."
 OPEN_K = "Your card: K.\nBetting so far: none.\nLegal actions: PASS, BET."
 
 
-def _turn(anchor: str, text: str, kind: str = "play", invalid: bool = False) -> dict:
-    return {"kind": kind, "anchor": anchor, "text": text, "invalid": invalid}
+def _turn(
+    anchor: str, text: str, kind: str = "play", invalid: bool = False, episode: int = 0
+) -> dict:
+    return {"kind": kind, "anchor": anchor, "text": text, "invalid": invalid, "episode": episode}
 
 
 def test_counts_by_state_with_invalid_answers_and_other_turns_left_out() -> None:
@@ -72,3 +81,32 @@ def test_record_objects_count_like_their_dicts() -> None:
         == action_counts([record])
         == {" ".join(OPEN_J.splitlines()): {"PASS": 1}}
     )
+
+
+def test_counts_by_episode_split_the_same_answers_by_episode() -> None:
+    records = [
+        {"turns": [
+            _turn(OPEN_J, "<action>PASS</action>", episode=0),
+            _turn("", "<remark>bet</remark>", kind="reflect", episode=1),
+            _turn(OPEN_K, "<action>BET</action>", episode=1),
+            _turn(OPEN_J, "no tag", invalid=True, episode=2),
+        ]},
+        {"turns": [
+            _turn(OPEN_K, "<action>BET</action>", episode=0),
+            _turn(OPEN_J, "<action>BET</action>", episode=2),
+        ]},
+    ]  # fmt: skip
+    by_episode = counts_by_episode(records)
+    assert by_episode == {0: {"PASS": 1, "BET": 1}, 1: {"BET": 1}, 2: {"invalid": 1, "BET": 1}}
+    # Every play answer of action_counts, counted once.
+    total = sum(sum(c.values()) for c in action_counts(records).values())
+    assert sum(sum(c.values()) for c in by_episode.values()) == total
+    table = episodes_table([("untrained", by_episode), ("trained", {2: {"BET": 4}})])
+    assert table is not None
+    assert table[0] == "| agent | episode 1 | episode 2 | episode 3 |"
+    assert (
+        table[2]
+        == "| untrained | BET 0.50 · PASS 0.50 (2) | BET 1.00 (1) | BET 0.50 · invalid 0.50 (2) |"
+    )
+    assert table[3] == "| trained |  |  | BET 1.00 (4) |"
+    assert episodes_table([("agent", {})]) is None

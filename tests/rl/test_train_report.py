@@ -69,6 +69,11 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
         for t in json.loads(x)["turns"] if t["kind"] == "play"
     )  # fmt: skip
     assert sum(sum(c.values()) for c in decisions["untrained"].values()) == plays
+    # The same answers by episode: one column per episode, the same total.
+    assert "The same answers by episode" in report and "| episode 1 | episode 2 |" in report
+    by_episode = doc["decisions_by_episode"]["untrained"]
+    assert set(by_episode) <= {"0", "1", "2"} and "0" in by_episode
+    assert sum(sum(c.values()) for c in by_episode.values()) == plays
 
 
 def test_eval_settings_that_cannot_work_are_refused() -> None:
