@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mage_rl.eval.decisions import small_game_counts
+from mage_rl.eval.decisions import counts_by_episode, small_game_counts
 from mage_rl.eval.metrics import summarize_with_intervals
 from mage_rl.eval.plots import write_plots
 from mage_rl.eval.run_folder import RecordLog, records_path
@@ -104,6 +104,9 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
             decisions = small_game_counts(unique)
             if decisions:
                 summary["decisions"] = decisions
+                summary["decisions_by_episode"] = {
+                    str(e): c for e, c in counts_by_episode(unique).items()
+                }
             results[label][env] = summary
     reference = {}
     if "kuhn_poker" in cond["envs"]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mage_rl.eval.decisions import decisions_table
+from mage_rl.eval.decisions import decisions_table, episodes_table
 
 ENV_TITLES = {
     "kuhn_poker": "Kuhn Poker",
@@ -193,15 +193,17 @@ def render_markdown(runs: Sequence[dict[str, Any]]) -> str:
 
 def _decisions_section(rows: Sequence[tuple[str, dict[str, Any], str]], env: str) -> list[str]:
     """What each agent answered at each decision state, when the game has few states."""
-    agents = []
+    agents, episodes = [], []
     for name, run, label in rows:
         cell = result_cell(run, label, env)
         if cell and cell.get("decisions"):
             agents.append((name, cell["decisions"]))
+            by_episode = cell.get("decisions_by_episode") or {}  # absent in older results
+            episodes.append((name, {int(e): c for e, c in by_episode.items()}))
     table = decisions_table(agents) if agents else None
     if table is None:
         return []
-    return [
+    out = [
         "### Answers by decision state",
         "",
         "The share of each action at each state over every episode, and the number of "
@@ -210,6 +212,16 @@ def _decisions_section(rows: Sequence[tuple[str, dict[str, Any], str]], env: str
         *table,
         "",
     ]
+    by_episode = episodes_table(episodes)
+    if by_episode:
+        out += [
+            "The same answers by episode of the meta-episode, over every state: does an "
+            "agent play its last episode as it plays its first?",
+            "",
+            *by_episode,
+            "",
+        ]
+    return out
 
 
 def _kuhn_ev_section(

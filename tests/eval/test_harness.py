@@ -83,6 +83,10 @@ def test_eval_writes_results_table_and_plots(run_dir: Path) -> None:
     react = read_lines(records_path(run_dir, "react", "kuhn_poker"))
     plays = sum(t["kind"] == "play" for r in react for t in r["turns"])
     assert sum(sum(c.values()) for c in decisions.values()) == plays
+    # The same answers by episode, with the same total, and their table.
+    by_episode = results["results"]["react"]["kuhn_poker"]["decisions_by_episode"]
+    assert "0" in by_episode and sum(sum(c.values()) for c in by_episode.values()) == plays
+    assert "The same answers by episode" in table and "| agent | episode 1 |" in table
     pngs = sorted((run_dir / "plots").glob("*.png"))
     assert [p.name for p in pngs] == [
         "success_at_k_kuhn_poker.png",
