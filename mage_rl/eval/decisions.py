@@ -15,7 +15,7 @@ row per state would not be read.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mage_rl.envs.parsing import extract_action
@@ -26,6 +26,19 @@ INVALID = "invalid"
 
 def _field(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _play_answers(records: Iterable[Any]) -> Iterator[tuple[Any, str]]:
+    """Every play turn with an anchor, and the action it answered (``invalid`` when the
+    environment took none)."""
+    for record in records:
+        for turn in _field(record, "turns") or []:
+            if _field(turn, "kind") != "play" or not _field(turn, "anchor"):
+                continue
+            action = extract_action(_field(turn, "text") or "")
+            if _field(turn, "invalid") or action is None:
+                action = INVALID
+            yield turn, action
 
 
 def action_counts(records: Iterable[Any]) -> dict[str, Counter[str]]:
@@ -40,16 +53,10 @@ def action_counts(records: Iterable[Any]) -> dict[str, Counter[str]]:
         line; turns without an anchor (reflections, calls of other nodes) are left out.
     """
     counts: dict[str, Counter[str]] = {}
-    for record in records:
-        for turn in _field(record, "turns") or []:
-            anchor = _field(turn, "anchor")
-            if _field(turn, "kind") != "play" or not anchor:
-                continue
-            action = extract_action(_field(turn, "text") or "")
-            if _field(turn, "invalid") or action is None:
-                action = INVALID
-            state = " ".join(line.strip() for line in anchor.splitlines() if line.strip())
-            counts.setdefault(state, Counter())[action] += 1
+    for turn, action in _play_answers(records):
+        lines = _field(turn, "anchor").splitlines()
+        state = " ".join(line.strip() for line in lines if line.strip())
+        counts.setdefault(state, Counter())[action] += 1
     return counts
 
 
@@ -60,14 +67,8 @@ def counts_by_episode(records: Iterable[Any]) -> dict[int, dict[str, int]]:
     Counts the same play turns as :func:`action_counts`.
     """
     counts: dict[int, Counter[str]] = {}
-    for record in records:
-        for turn in _field(record, "turns") or []:
-            if _field(turn, "kind") != "play" or not _field(turn, "anchor"):
-                continue
-            action = extract_action(_field(turn, "text") or "")
-            if _field(turn, "invalid") or action is None:
-                action = INVALID
-            counts.setdefault(int(_field(turn, "episode") or 0), Counter())[action] += 1
+    for turn, action in _play_answers(records):
+        counts.setdefault(int(_field(turn, "episode") or 0), Counter())[action] += 1
     return {episode: dict(counts[episode]) for episode in sorted(counts)}
 
 
