@@ -127,12 +127,31 @@ class PolicyConfig(_Strict):
         "private fact first (Kuhn Poker: the card, as 'K <action>BET</action>'), so the "
         "action is chosen right next to it. Kuhn Poker, Leduc Hold'em and Liar's Dice.",
     )
+    explore: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="With constrain_actions, training rollouts only: at every position "
+        "where several tokens are allowed, sample from (1 - explore) * policy + explore * "
+        "uniform over the allowed tokens, and record that mixture's log-probs as the "
+        "sampling log-probs (PPO's ratio corrects for it). Keeps answers the model's prior "
+        "starves in the batch; evaluation never explores.",
+    )
     engine: Literal["local", "vllm"] = Field(
         "local",
         description="local: the batched engine in this process; vllm: a vLLM server that "
         "mage starts (from .venv-vllm on a CPU) and pushes the weights to after every update "
         "(docs/policy.md). Not with tiny, nor with constrain_actions.",
     )
+
+    @model_validator(mode="after")
+    def _explore_needs_constraints(self) -> PolicyConfig:
+        if self.explore > 0 and not self.constrain_actions:
+            raise ValueError(
+                f"policy.explore={self.explore} mixes uniform choices into constrained "
+                "answers only; set policy.constrain_actions: true or policy.explore: 0"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_engine(self) -> PolicyConfig:
@@ -157,6 +176,13 @@ class RolloutConfig(_Strict):
         16, ge=1, description="Meta-episodes running at once (their LLM calls share batches)."
     )
     seed: int = Field(0, description="Base seed; task seeds derive from it and the iteration.")
+    opponents: Literal["balanced", "independent"] = Field(
+        "balanced",
+        description="How a training batch draws its opponents: balanced (systematic "
+        "sampling, each opponent in proportion to its weight up to one task, so the batch's "
+        "mix does not push the answers of unknown opponents one way) or independent (each "
+        "task draws its own).",
+    )
 
 
 class RunConfig(_Strict):

@@ -79,6 +79,7 @@ def chat_model(
     top_k: int = 0,
     max_tokens: int = 96,
     seed: int | None = None,
+    explore: float = 0.0,
 ) -> Any:
     """A LangChain chat model over a policy, with default sampling settings.
 
@@ -89,7 +90,7 @@ def chat_model(
 
     return PolicyChatModel(
         policy=engine, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-        seed=seed,
+        seed=seed, explore=explore,
     )  # fmt: skip
 
 
@@ -97,7 +98,12 @@ def rollout_chat_model(cfg: RunConfig, engine: Any) -> Any:
     """The chat model of training rollouts: the config's ``policy`` sampling settings."""
     p = cfg.policy
     return chat_model(
-        engine, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens
+        engine,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        max_tokens=p.max_tokens,
+        explore=p.explore,
     )
 
 
@@ -125,6 +131,18 @@ def tasks_for(cfg: RunConfig, n: int, base_seed: int, iteration: int = 0) -> lis
     )
 
 
+def batch_tasks(cfg: Any, iteration: int) -> list[TaskInstance]:
+    """The task instances of one training batch (``rollout.opponents`` decides the draw)."""
+    return sample_tasks(
+        population(cfg),
+        cfg.rollout.tasks,
+        base_seed=cfg.rollout.seed,
+        iteration=iteration,
+        seat=cfg.env.seat,
+        balanced=cfg.rollout.opponents == "balanced",
+    )
+
+
 def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
     """The tasks of one training batch and the rollouts per task.
 
@@ -133,7 +151,7 @@ def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
     of a task seed each draw their own opponent from the population, so the group that
     shares a baseline spans opponents; every rollout is then its own task instance.
     """
-    tasks = tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed, iteration)
+    tasks = batch_tasks(cfg, iteration)
     if cfg.advantages.grouping != "mixed":
         return tasks, cfg.rollout.group_size
     pop = population(cfg)

@@ -28,20 +28,20 @@ def test_planner_agent_trains_from_its_yaml(tmp_path: Path) -> None:
     assert steps[:2] == [("plan", "call"), ("act", "play")]
 
 
-def test_rps_plugin_environment_trains_and_evaluates(tmp_path: Path) -> None:
-    _train(EXAMPLES / "rps_tiny.yaml", tmp_path / "rps", "--set", "eval.tasks=0")
-    checkpoint = tmp_path / "rps" / "checkpoints" / "iter_000001" / "model"
+def test_pennies_plugin_environment_trains_and_evaluates(tmp_path: Path) -> None:
+    _train(EXAMPLES / "pennies_tiny.yaml", tmp_path / "pennies", "--set", "eval.tasks=0")
+    checkpoint = tmp_path / "pennies" / "checkpoints" / "iter_000001" / "model"
     out = tmp_path / "eval"
-    code = main(["--plugin", str(EXAMPLES / "rps.py"), "eval", "--agent", f"mage={checkpoint}",
-                 "--env", "rps", "--opponents", "unseen", "--seat", "first", "--n", "2",
-                 "--constrain-actions", "--max-tokens", "12", "--out", str(out),
-                 "--no-progress"])  # fmt: skip
+    code = main(["--plugin", str(EXAMPLES / "pennies.py"), "eval", "--agent",
+                 f"mage={checkpoint}", "--env", "pennies", "--opponents", "unseen",
+                 "--seat", "first", "--n", "2", "--constrain-actions", "--max-tokens", "12",
+                 "--out", str(out), "--no-progress"])  # fmt: skip
     assert code == 0
     records = (out / "records").rglob("*.jsonl")
     turns = [t for f in records for line in f.read_text().splitlines()
              for t in json.loads(line)["turns"] if t["kind"] == "play"]  # fmt: skip
-    assert turns and all(t["text"] in {"<action>ROCK</action>", "<action>PAPER</action>",
-                                       "<action>SCISSORS</action>"} for t in turns)  # fmt: skip
+    assert turns and all(t["text"] in {"<action>HEADS</action>", "<action>TAILS</action>"}
+                         for t in turns)  # fmt: skip
 
 
 def test_custom_opponents_in_oracle_eval_and_config(tmp_path: Path, capsys) -> None:

@@ -1,6 +1,7 @@
 """The built-in environments and opponents, registered in one place.
 
-Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em and Liar's Dice are OpenSpiel games through the
+Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em, Liar's Dice and rock-paper-scissors are
+OpenSpiel games through the
 shared adapter; Sokoban, ScienceWorld and TextWorld-Express are single-agent tasks whose
 "opponents" are task variants. Their SPEC §3 constants (penalties) come from their rules;
 the cross-episode discount is 0.6 for the games and 0.9 for the single-agent tasks
@@ -10,7 +11,17 @@ the cross-episode discount is 0.6 for the games and 0.9 for the single-agent tas
 
 from __future__ import annotations
 
-from mage_rl.envs import kuhn, leduc, liars_dice, sciworld, sokoban, textworlds, tictactoe, twx
+from mage_rl.envs import (
+    kuhn,
+    leduc,
+    liars_dice,
+    rps,
+    sciworld,
+    sokoban,
+    textworlds,
+    tictactoe,
+    twx,
+)
 from mage_rl.envs.registry import ENVS, register_env
 
 _DONE = False
@@ -34,6 +45,7 @@ def register_builtins() -> None:
     register_env(
         "liars_dice", rules=liars_dice.LiarsDiceRules(), aliases=("liars",), gamma_traj=0.6
     )
+    register_env(rps.GAME, rules=rps.RockPaperScissorsRules(), aliases=("rps",), gamma_traj=0.6)
     register_env(
         "sokoban",
         factory=sokoban.make_sokoban_env,
@@ -58,6 +70,7 @@ def register_builtins() -> None:
     tictactoe.register_opponents()
     leduc.register_opponents()
     liars_dice.register_opponents()
+    rps.register_opponents()
     sokoban.register_opponents()
     sciworld.register_opponents()
     twx.register_opponents()

@@ -191,6 +191,22 @@ class Population:
         rng = np.random.default_rng(derive_seed("population", seed))
         return self.specs[int(rng.choice(len(self.members), p=self.weights))]
 
+    def systematic(self, n: int, seed: int) -> list[str]:
+        """``n`` opponents for one batch by systematic sampling, in a random order.
+
+        One uniform offset ``u`` picks the members at the cumulative weights
+        ``(u + i) / n`` for ``i < n``: every member appears ``floor(n * w)`` or
+        ``ceil(n * w)`` times, and each of the ``n`` draws (after the shuffle) is member
+        ``j`` with probability ``w_j``, as with independent draws.
+        """
+        rng = np.random.default_rng(seed)
+        edges = np.cumsum(self.weights)
+        edges[-1] = 1.0
+        points = (rng.random() + np.arange(n)) / n
+        picks = np.minimum(np.searchsorted(edges, points, side="right"), len(edges) - 1)
+        rng.shuffle(picks)
+        return [self.specs[int(j)] for j in picks]
+
     @classmethod
     def parse(cls, text: str, game: str | None = None) -> Population:
         """Parse ``"a=0.3,b=0.7"``, a single spec, or a preset name.

@@ -8,7 +8,7 @@ discount, which training uses when a config leaves them out::
 
     from mage_rl.envs import register_env
 
-    register_env("rps", rules=RockPaperScissorsRules(), aliases=("roshambo",))
+    register_env("pennies", rules=MatchingPenniesRules(), aliases=("matching_pennies",))
     register_env("maze", factory=lambda opponent, seat, max_turns: MazeEnv(opponent),
                  seats=1, invalid_penalty=0.5, length_penalty=1.0, gamma_traj=0.9)
 

@@ -32,6 +32,10 @@ class SamplingParams:
             these strings, sampled token by token from the softmax restricted to the
             tokens that stay on a choice (:mod:`mage_rl.policy.constrained`); ``top_p``,
             ``top_k`` and ``stop`` do not apply. Supported by the local engine.
+        explore: With ``choices``: at each position where several tokens are allowed,
+            the token is drawn from ``(1 - explore) * p + explore * uniform`` over the
+            allowed tokens, and that mixture's log-prob is what the generation records
+            (the behaviour policy, for an exact PPO ratio). 0 samples ``p`` itself.
     """
 
     temperature: float = 1.0
@@ -41,8 +45,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     choices: tuple[str, ...] = ()
+    explore: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.explore < 1:
+            raise ValueError(f"explore must be in [0, 1), got {self.explore}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -38,7 +38,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, Policy, SamplingParams
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed")
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "explore")
 
 
 class PolicyChatModel(BaseChatModel):
@@ -66,6 +66,9 @@ class PolicyChatModel(BaseChatModel):
     max_tokens: int = Field(default=256, description="Most tokens in a response.")
     stop: list[str] | None = Field(default=None, description="Stop strings, kept in the text.")
     seed: int | None = Field(default=None, description="Sampler seed; None draws one.")
+    explore: float = Field(
+        default=0.0, description="Uniform share mixed into constrained choices (training)."
+    )
 
     @property
     def _llm_type(self) -> str:

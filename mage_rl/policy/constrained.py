@@ -24,8 +24,10 @@ log-prob 0 and carries no gradient: only the tokens where choices diverge are le
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -100,6 +102,36 @@ def restricted_logprobs(
     out = torch.full_like(scaled, float("-inf"))
     out[index] = torch.log_softmax(scaled[index], dim=-1)
     return out
+
+
+def explored_logprobs(
+    logprobs: torch.Tensor, allowed: Sequence[int], explore: float
+) -> torch.Tensor:
+    """Log-probs of ``(1 - explore) * p + explore * uniform(allowed)``.
+
+    Args:
+        logprobs: A restricted distribution's log-probs (any shape whose last axis is the
+            vocabulary or the allowed tokens; ``-inf`` outside ``allowed``).
+        allowed: The allowed token ids, or ``range(n)`` when the last axis holds only them.
+        explore: The uniform share; 0 returns ``logprobs`` unchanged.
+    """
+    if explore <= 0 or len(allowed) < 2:
+        return logprobs
+    index = torch.as_tensor(list(allowed), dtype=torch.long, device=logprobs.device)
+    out = logprobs.clone()
+    mixed = torch.logaddexp(
+        logprobs[..., index] + math.log1p(-explore),
+        torch.full_like(logprobs[..., index], math.log(explore / len(allowed))),
+    )
+    out[..., index] = mixed
+    return out
+
+
+def mix_logprob(logprob: float, n_allowed: int, explore: float) -> float:
+    """One token's log-prob under the exploration mixture over ``n_allowed`` tokens."""
+    if explore <= 0 or n_allowed < 2:
+        return logprob
+    return float(np.logaddexp(logprob + math.log1p(-explore), math.log(explore / n_allowed)))
 
 
 def allowed_index(allowed: Sequence[Sequence[Sequence[int]]], length: int) -> torch.Tensor | None:

@@ -44,7 +44,12 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
-from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
+from mage_rl.policy.constrained import (
+    allowed_next,
+    explored_logprobs,
+    is_complete,
+    restricted_logprobs,
+)
 from mage_rl.policy.forced import complete_forced, take_forced
 from mage_rl.policy.prefill import (
     pad_mask,
@@ -374,7 +379,11 @@ class RunningBatch:
         request = self.rows[i]
         if request.candidates is not None:
             allowed = allowed_next(request.candidates, request.response_ids)
-            logp[i] = restricted_logprobs(self.logits[i], request.params.temperature, allowed)
+            logp[i] = explored_logprobs(
+                restricted_logprobs(self.logits[i], request.params.temperature, allowed),
+                allowed,
+                request.params.explore,
+            )
             request.allowed.append(allowed)
         return draw_row(logp[i], request.params.temperature == 0, request.generator)
 

@@ -133,6 +133,36 @@ class Sample:
 TrainingSample = Sample | ConversationSample
 
 
+def behaviour_logprobs(
+    sample: TrainingSample, logprobs: Sequence[float], explore: float
+) -> list[float]:
+    """The sampling log-probs of a sample drawn with ``policy.explore``, from the policy's.
+
+    ``logprobs`` are the policy's log-probs of the sample's trained tokens (the layout of
+    :meth:`~mage_rl.rl.learner.Learner.compute_logprobs`); at each position with several
+    allowed tokens the result is the exploration mixture's log-prob, what the engine
+    sampled from (:func:`~mage_rl.policy.constrained.mix_logprob`).
+    """
+    from mage_rl.policy.constrained import mix_logprob
+
+    if explore <= 0:
+        return list(logprobs)
+    if isinstance(sample, ConversationSample):
+        allowed = [
+            seg.allowed[j] if j < len(seg.allowed) else ()
+            for seg in sample.segments
+            for j in range(seg.length)
+        ]
+    else:
+        allowed = [
+            sample.allowed[j] if j < len(sample.allowed) else ()
+            for j in range(len(sample.response_ids))
+        ]
+    if len(allowed) != len(logprobs):
+        raise ValueError(f"got {len(logprobs)} log-probs for {len(allowed)} trained tokens")
+    return [mix_logprob(lp, len(a), explore) for lp, a in zip(logprobs, allowed, strict=True)]
+
+
 @dataclass(frozen=True)
 class _Row:
     """What :func:`collate` needs of a sample: inputs and, per trained token, its position."""

@@ -47,17 +47,26 @@ def sample_tasks(
     base_seed: int,
     iteration: int = 0,
     seat: int | str = "sampled",
+    balanced: bool = False,
 ) -> list[TaskInstance]:
     """``n`` task instances for one batch, a deterministic function of the seeds.
 
-    The opponent is drawn from the population and the seat resolved from each task
-    seed, so a (base seed, iteration) pair always yields the same batch.
+    The seat is resolved from each task seed. The opponent is drawn from the population
+    independently for each task seed, or, with ``balanced``, by systematic sampling over
+    the batch: opponent ``j`` of weight ``w_j`` gets ``floor(n * w_j)`` or
+    ``ceil(n * w_j)`` of the ``n`` tasks (each task's chance of meeting ``j`` is still
+    exactly ``w_j``), in a seeded random order. A (base seed, iteration) pair always
+    yields the same batch.
     """
-    tasks = []
-    for i in range(n):
-        seed = derive_seed("task", base_seed, iteration, i)
-        tasks.append(TaskInstance(seed, population.sample(seed), resolve_seat(seat, seed)))
-    return tasks
+    seeds = [derive_seed("task", base_seed, iteration, i) for i in range(n)]
+    if balanced:
+        opponents = population.systematic(n, derive_seed("balanced", base_seed, iteration))
+    else:
+        opponents = [population.sample(seed) for seed in seeds]
+    return [
+        TaskInstance(seed, opponent, resolve_seat(seat, seed))
+        for seed, opponent in zip(seeds, opponents, strict=True)
+    ]
 
 
 def record_from_state(

@@ -44,7 +44,12 @@ def _rate(est: dict[str, Any]) -> str:
     return f"{est['mean']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
 
 
-ORACLE_COMMANDS = {"kuhn_poker": "kuhn", "leduc_poker": "leduc", "liars_dice": "liars_dice"}
+ORACLE_COMMANDS = {
+    "kuhn_poker": "kuhn",
+    "leduc_poker": "leduc",
+    "liars_dice": "liars_dice",
+    "rock_paper_scissors": "rps",
+}
 """The games with exact reference values, and the ``mage oracle`` argument of each."""
 
 
@@ -57,6 +62,18 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
     from mage_rl import runtime
 
     population = runtime.population(cfg)
+    if cfg.env.name == "rock_paper_scissors":
+        from mage_rl.envs.rps import rps_values
+
+        try:
+            weights = dict(zip(population.specs, population.weights, strict=True))
+            rps = rps_values(weights, cfg.meta.episodes)
+        except ValueError:  # an opponent that changes from round to round: no exact value
+            return None
+        values = {"best_fixed": rps.best_fixed, "ceiling": rps.ceiling}
+        if cfg.meta.episodes >= 2:
+            values["bayes_last_hand"] = rps.bayes_last
+        return {seat: dict(values) for seat in SEATS}  # the game is the same from each seat
     if cfg.env.name != "kuhn_poker":
         from mage_rl.eval.game_oracles import exploitation_values
 
@@ -133,6 +150,101 @@ def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str], dict[str
         "decisions_by_episode": {n: {str(e): c for e, c in b.items()} for n, b in episodes},
     }
     return lines, doc
+
+
+def _episode_ev(summary: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """Episode ``index``'s ev over all seats with its interval (stratified when it is)."""
+    block = summary.get("stratified") or summary["intervals"]
+    evs = block.get("ev@k") if block else None
+    if not evs or index >= len(evs) or evs[index].get("mean") is None:
+        return None
+    return evs[index]
+
+
+def _seat_weights(cfg: Any) -> dict[str, float]:
+    """Each seat's share of the tasks (``env.seat``)."""
+    seat = str(cfg.env.seat)
+    if seat in ("first", "0"):
+        return {"first": 1.0}
+    if seat in ("second", "1"):
+        return {"second": 1.0}
+    return {"first": 0.5, "second": 0.5}
+
+
+def _pair(last: dict[str, Any], other: dict[str, Any], label: str) -> dict[str, Any]:
+    """One verdict: both estimates and whether the last episode is higher, intervals apart."""
+    keep = ("mean", "low", "high", "n")
+    return {
+        "last": {k: last.get(k) for k in keep},
+        label: {k: other.get(k) for k in keep},
+        "apart": bool(
+            last.get("low") is not None
+            and other.get("high") is not None
+            and last["low"] > other["high"]
+        ),
+    }
+
+
+def verdicts(
+    rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, cfg: Any
+) -> dict[str, Any]:
+    """The trained agent's last episode against its first, the best fixed strategy and
+    the untrained model, in the game's payoff with 95 % intervals (``report.json``).
+
+    The best fixed strategy is the exact value of the best strategy that ignores earlier
+    episodes (``mage oracle``), weighted over the seats the tasks use; its interval is the
+    value itself. A verdict is left out when its numbers are missing (no payoff, no
+    oracle, no untrained evaluation).
+    """
+    named = dict(rows)
+    after = next((s for n, s in rows if n.startswith("trained")), None)
+    if after is None:
+        return {}
+    k = cfg.meta.episodes
+    last = _episode_ev(after, k - 1)
+    if last is None:
+        return {}
+    out: dict[str, Any] = {}
+    first = _episode_ev(after, 0)
+    if first is not None and k > 1:
+        out["last_vs_first"] = _pair(last, first, "first")
+    if oracle:
+        weights = _seat_weights(cfg)
+        value = sum(w * oracle[seat]["best_fixed"] for seat, w in weights.items())
+        out["last_vs_best_fixed"] = _pair(
+            last, {"mean": value, "low": value, "high": value, "n": None}, "best_fixed"
+        )
+    before = named.get(UNTRAINED)
+    untrained = _episode_ev(before, k - 1) if before else None
+    if untrained is not None:
+        out["last_vs_untrained"] = _pair(last, untrained, "untrained")
+    return out
+
+
+VERDICT_WORDS = {
+    "last_vs_first": "its own first episode",
+    "last_vs_best_fixed": "the best fixed strategy (exact)",
+    "last_vs_untrained": "the untrained model's last episode",
+}
+
+
+def _verdict_lines(found: dict[str, Any], k: int) -> list[str]:
+    lines = []
+    for key, words in VERDICT_WORDS.items():
+        if key not in found:
+            continue
+        v = found[key]
+        other = next(val for name, val in v.items() if name not in ("last", "apart"))
+        if v["apart"]:
+            word = "above, 95 % intervals apart"
+        elif v["last"]["mean"] > other["mean"]:
+            word = "above, but the 95 % intervals overlap"
+        else:
+            word = "not above"
+        exact = other.get("low") == other.get("high")
+        shown = f"{other['mean']:+.4f}" if exact else _fmt(other)
+        lines.append(f"- `{key}`: trained {_fmt(v['last'])} against {words} {shown}: {word}.")
+    return lines
 
 
 def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
@@ -290,10 +402,10 @@ def write_training_report(
             f"{unit}:",
             "",
         ]
-        for seat in SEATS:
+        for seat in (s for s in SEATS if s in _seat_weights(cfg)):
             v = oracle[seat]
             bayes = (
-                f", Bayes last hand after {k - 1} hands {v['bayes_last_hand']:+.4f}"
+                f", Bayes last episode after {k - 1} episodes {v['bayes_last_hand']:+.4f}"
                 if "bayes_last_hand" in v
                 else ""
             )
@@ -304,8 +416,24 @@ def write_training_report(
     verdict = _verdict(rows, oracle, k)
     if verdict:
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
+    found = verdicts(rows, oracle, cfg)
+    if found:
+        lines += [
+            "",
+            f"## Does the last episode exploit what the first {k - 1} showed?",
+            "",
+            f"The trained agent's episode {k} (payoff per episode, all seats), against:",
+            "",
+            *_verdict_lines(found, k),
+        ]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
-    doc = {"rows": dict(rows), "oracle": oracle, "verdict": verdict, **decision_counts}
+    doc = {
+        "rows": dict(rows),
+        "oracle": oracle,
+        "verdict": verdict,
+        "verdicts": found,
+        **decision_counts,
+    }
     write_results(run_dir / "report.json", doc, started=started)
     stamp = doc["provenance"]
     lines += [

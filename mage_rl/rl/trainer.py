@@ -34,7 +34,7 @@ from mage_rl.eval.metrics import summarize_records
 from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
-from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
 from mage_rl.rl.branch_values import BranchValues
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
 from mage_rl.rl.run_folder import (
@@ -168,8 +168,13 @@ class Trainer:
             branch = self.branch_values.annotate(records)
         samples = samples_from_records(records, advantages, branch)
         if self.recompute_old_logprobs:
+            # Sampled from the exploration mixture: the old log-probs are the mixture's.
+            explore = self.cfg.policy.explore
             fresh = self.learner.compute_logprobs(samples)
-            samples = [s.with_old_logprobs(lp) for s, lp in zip(samples, fresh, strict=True)]
+            samples = [
+                s.with_old_logprobs(behaviour_logprobs(s, lp, explore))
+                for s, lp in zip(samples, fresh, strict=True)
+            ]
         stats = self.learner.update(samples)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         return stats

@@ -68,6 +68,10 @@ DEFAULTS = {
     "identification": dict(
         config=None, set=[], model=None, seed=0, json=None, threads=None, batches=20, epochs=3,
     ),
+    "learning": dict(
+        config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
+        out="runs/learning", no_progress=False, set=[], threads=None,
+    ),
 }  # fmt: skip
 
 

@@ -49,7 +49,8 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
         "| react |",
         "| trained (iter_000001) |",
         "best fixed +0.1667",
-        "Bayes last hand",
+        "Bayes last episode",
+        "Does the last episode exploit",
         "learning_curve.png",
         "commit",
     ):
@@ -58,6 +59,17 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
     doc = json.loads((run / "report.json").read_text())
     assert doc["oracle"]["first"]["best_fixed"] == pytest.approx(1 / 6)
     assert doc["verdict"] and doc["provenance"]["wall_seconds"] > 1  # the whole run, not the report
+    # The three verdicts on the last episode, each with both values and intervals.
+    found = doc["verdicts"]
+    assert set(found) == {"last_vs_first", "last_vs_best_fixed", "last_vs_untrained"}
+    last = trained["stratified"]["ev@k"][-1]
+    assert found["last_vs_first"]["first"]["mean"] == trained["stratified"]["ev@k"][0]["mean"]
+    assert found["last_vs_untrained"]["untrained"]["high"] == untrained["stratified"]["ev@k"][-1]["high"]
+    assert found["last_vs_best_fixed"]["best_fixed"]["mean"] == pytest.approx(1 / 6)  # first seat
+    for verdict in found.values():
+        assert verdict["last"]["mean"] == last["mean"] and verdict["last"]["low"] == last["low"]
+        other = next(v for k, v in verdict.items() if k not in ("last", "apart"))
+        assert verdict["apart"] == (last["low"] > other["high"])
     # What each agent answered at each state: the first seat against one opponent has
     # two kinds of decision per card; every play answer of the evaluation is counted.
     assert "What each agent answered at each decision state" in report
