@@ -148,6 +148,16 @@ def _cmd_learning(args: argparse.Namespace) -> int:
     started = time.time()
     apply_threads(args.threads)
     probes = list(PROBES) if args.probes == "all" else args.probes.split(",")
+    if args.diagnose:
+        from mage_rl.bench.learning import diagnose_update, format_diagnosis
+
+        doc = diagnose_update(
+            args.config, out=args.out, overrides=args.set, seed=int(args.seeds.split(",")[0]),
+            started=started,
+        )  # fmt: skip
+        print(format_diagnosis(doc))
+        console.print(f"results: {args.out}/diagnosis.json")
+        return 0
     try:
         doc = bench_learning(
             config=args.config,
@@ -497,6 +507,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="runs/learning", help="folder of the results and runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="instead of the probes: one rock-paper-scissors batch, one update per "
+        "advantage term, and how far each moves the answers everywhere (context-free) "
+        "against toward reading the opponent",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     _add_common(p, json=False)
     p.set_defaults(func=_cmd_learning)

@@ -111,8 +111,9 @@ def stratified_tasks(
         max_scan: Most seeds scanned before giving up.
 
     Raises:
-        ValueError: The environment is not a two-player OpenSpiel game with chance
-            moves, or ``per_stratum < 2``.
+        ValueError: The environment is not a two-player OpenSpiel game, or
+            ``per_stratum < 2``. A game without chance moves is stratified over opponent
+            and seat only.
         RuntimeError: ``max_scan`` seeds do not cover every deal.
     """
     from mage_rl.envs import make_env
@@ -130,10 +131,10 @@ def stratified_tasks(
     # The deal comes from the chance seed alone: one probe environment finds every seed.
     seeds_by_deal: dict[tuple[int, ...], list[int]] = defaultdict(list)
     deals = _all_first_deals(probe.game, probe.seat)
-    if not deals or deals == [()]:
-        raise ValueError(
-            f"{env_name} has no chance move before the agent acts; nothing to stratify"
-        )
+    if not deals:
+        raise ValueError(f"{env_name} has no state where the agent acts; nothing to stratify")
+    # A game without chance moves (rock-paper-scissors) has one deal, (): its strata are
+    # the opponents and seats alone.
     wanted = len(deals) * per_stratum
     found = 0
     for seed in range(base_seed, base_seed + max_scan):

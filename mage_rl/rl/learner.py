@@ -54,6 +54,7 @@ from mage_rl.rl.checkpoint import LearnerCheckpoints
 from mage_rl.rl.freezing import train_only_top_layers
 from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import (
+    choice_barrier,
     entropy_from_logits,
     expected_branch_loss,
     gather_logprobs,
@@ -351,6 +352,12 @@ class Learner(LearnerCheckpoints):
                     entropy = token_mean(
                         entropy_from_logits(logits.detach(), batch.allowed_index), batch.mask, total
                     )
+            if cfg.choice_barrier > 0:
+                barrier = token_mean(
+                    choice_barrier(logits, batch.allowed_index, cfg.choice_floor), batch.mask, total
+                )
+                loss = loss + cfg.choice_barrier * barrier
+                stats["choice_barrier"] += barrier.item()
             if cfg.kl_coef > 0:
                 ref_logp = self._reference_logprobs(batch, temp)
                 kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
@@ -391,7 +398,9 @@ class Learner(LearnerCheckpoints):
             ``tokens_per_s`` (prompt and response tokens through the learner per second),
             ``entropy_free`` (the mean entropy of the positions where more than one token
             was allowed; equal to ``entropy`` without constrained decoding) and
-            ``entropy_coef`` (the entropy bonus's weight during this update).
+            ``entropy_coef`` (the entropy bonus's weight during this update); with
+            ``choice_barrier`` set, ``choice_barrier``, the mean ``KL(uniform || pi)``
+            of the positions with several allowed tokens.
         """
         cfg = self.config
         items = self._prepare_samples(samples)
@@ -426,8 +435,8 @@ class Learner(LearnerCheckpoints):
                     result["skipped_steps"] += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
-                for name in (*keys, "free_frac"):
-                    weighted[name] += stats[name] * n_tokens
+                for name in (*keys, "free_frac", "choice_barrier"):
+                    weighted[name] += stats.get(name, 0.0) * n_tokens
                 trained_tokens += n_tokens
                 seen_tokens += sum(s.length for s in mini)
         elapsed = max(time.perf_counter() - start, 1e-9)
@@ -437,6 +446,8 @@ class Learner(LearnerCheckpoints):
         # over the free count.
         free = weighted["free_frac"]
         result["entropy_free"] = weighted["entropy"] / free if free > 0 else 0.0
+        if cfg.choice_barrier > 0:  # KL(uniform || pi) per position with a choice
+            result["choice_barrier"] = weighted["choice_barrier"] / free if free > 0 else 0.0
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
         result["lr"] = float(self.optimizer.param_groups[0]["lr"])
         result["tokens"] = float(trained_tokens)

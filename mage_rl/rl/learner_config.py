@@ -71,6 +71,17 @@ class LearnerConfig:
             this stochastic (0.2 nats is about a 95/5 split of a two-way choice). Works
             with a fixed ``entropy_coef`` or with ``entropy_target``, which still reads
             the unclipped mean. 0 counts every position's whole entropy.
+        choice_barrier: Weight of the log-barrier at the constrained choices when > 0:
+            at every position where several tokens are allowed, the loss adds
+            ``choice_barrier * KL(uniform || pi)`` over the allowed tokens, i.e.
+            ``-mean_a log pi(a) - log n`` (Agarwal et al., arXiv 1908.00261). Its pull on
+            an answer's logit is ``choice_barrier * (1/n - pi(a))``: it does not vanish
+            as ``pi(a)`` goes to 0, where the policy gradient and the entropy bonus do,
+            so an answer the model's prior starves comes back. 0 adds nothing.
+        choice_floor: With ``choice_barrier``: pull up only the allowed tokens whose
+            probability is below this floor (``mean_a max(0, log floor - log pi(a))``),
+            so the barrier keeps every answer in the samples and is silent above the
+            floor. 0: the whole ``KL(uniform || pi)``, a pull toward uniform everywhere.
         entropy_coef_step: Change of the adaptive weight per update.
         entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
@@ -118,6 +129,8 @@ class LearnerConfig:
     entropy_target: float = 0.0
     entropy_target_positions: str = "all"
     entropy_floor: float = 0.0
+    choice_barrier: float = 0.0
+    choice_floor: float = 0.0
     entropy_coef_step: float = 0.01
     entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
@@ -146,6 +159,7 @@ class LearnerConfig:
             "entropy_coef",
             "entropy_target",
             "entropy_floor",
+            "choice_barrier",
             "entropy_coef_step",
             "entropy_coef_max",
             "max_grad_norm",
@@ -162,6 +176,10 @@ class LearnerConfig:
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(
                 f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
+            )
+        if not 0 <= self.choice_floor < 1:
+            raise ValueError(
+                f"LearnerConfig.choice_floor must be in [0, 1), got {self.choice_floor}"
             )
         if self.entropy_target_positions not in ("all", "free"):
             raise ValueError(

@@ -20,6 +20,7 @@ normalized the same way, so statistics also add up across micro-batches.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -226,6 +227,41 @@ def entropy_from_logits(
     sub_probs = torch.softmax(sub, dim=-1)
     sub_entropy = torch.logsumexp(sub, dim=-1) - (sub_probs * sub.clamp(min=-1e30)).sum(dim=-1)
     return torch.where(restricted, sub_entropy, entropy)
+
+
+def choice_barrier(
+    logits: torch.Tensor, allowed_index: torch.Tensor | None, floor: float = 0.0
+) -> torch.Tensor:
+    """The log-barrier at each position with several allowed tokens.
+
+    With ``floor = 0``: ``KL(uniform || pi) = -mean_a log pi(a) - log n`` over the ``n >= 2``
+    allowed tokens (the log-barrier of Agarwal et al., arXiv 1908.00261, shifted to be 0
+    at the uniform distribution). With ``floor > 0``: ``mean_a max(0, log floor - log
+    pi(a))``, which only pulls up the tokens whose probability is below the floor and is
+    0 once every allowed token has at least ``floor``. 0 at every other position.
+
+    Args:
+        logits: ``(B, T, V)``, already divided by the sampling temperature.
+        allowed_index: ``(B, T, A)`` allowed token ids padded with -1, or ``None``.
+        floor: The probability below which a token is pulled up; 0: every token, toward
+            uniform.
+
+    Returns:
+        ``(B, T)``; aggregate with :func:`token_mean`.
+    """
+    if allowed_index is None:
+        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    sub, restricted = _restricted_logits(logits.float(), allowed_index)
+    valid = allowed_index.to(logits.device) >= 0
+    count = valid.sum(-1)  # (B, T)
+    logp = sub - torch.logsumexp(sub, dim=-1, keepdim=True)
+    n = count.clamp(min=1).float()
+    if floor > 0:
+        below = (math.log(floor) - logp).clamp(min=0.0).masked_fill(~valid, 0.0)
+        value = below.sum(-1) / n
+    else:
+        value = -(logp.masked_fill(~valid, 0.0)).sum(-1) / n - torch.log(n)
+    return torch.where(restricted & (count >= 2), value, torch.zeros_like(value))
 
 
 def gather_logprobs(

@@ -329,6 +329,7 @@ class Trainer:
             "entropy",
             "entropy_free",
             "entropy_coef",
+            "choice_barrier",
             "clip_frac",
             "approx_kl",
             "branch_frac",

@@ -70,7 +70,7 @@ DEFAULTS = {
     ),
     "learning": dict(
         config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
-        out="runs/learning", no_progress=False, set=[], threads=None,
+        out="runs/learning", no_progress=False, diagnose=False, set=[], threads=None,
     ),
 }  # fmt: skip
 

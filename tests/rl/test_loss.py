@@ -167,3 +167,41 @@ def test_matches_openrlhf() -> None:
     else:  # older releases
         their_kl = compute_approx_kl(logp, ref, action_mask=mask, use_kl_estimator_k3=True)
     torch.testing.assert_close(kl_penalty(logp, ref, "low_var_kl") * mask, their_kl * mask)
+
+
+def test_choice_barrier_pulls_every_allowed_logit_toward_uniform() -> None:
+    from mage_rl.rl.loss import choice_barrier
+
+    logits = torch.tensor([[[2.0, 0.0, -9.0, 1.0], [0.5, 0.0, 0.0, 0.0]]], requires_grad=True)
+    allowed = torch.tensor([[[0, 1, 2], [3, -1, -1]]])  # a three-way choice, then a forced token
+    kl = choice_barrier(logits, allowed)
+    probs = torch.softmax(torch.tensor([2.0, 0.0, -9.0]), dim=0)
+    assert float(kl[0, 0]) == pytest.approx(float(-(probs.log().mean()) - math.log(3)), rel=1e-6)
+    assert float(kl[0, 1]) == 0.0  # nothing to choose, nothing to pull
+    kl.sum().backward()
+    # d KL / d z_a = pi(a) - 1/n: the starved answer is pushed up by almost 1/3, however
+    # small its probability (the entropy's push would be about pi * log pi).
+    expected = (probs - 1 / 3).tolist()
+    assert logits.grad[0, 0, :3].tolist() == pytest.approx(expected, abs=1e-6)
+    assert logits.grad[0, 0, 3] == 0 and not logits.grad[0, 1].any()
+    assert not choice_barrier(logits.detach(), None).any()
+    uniform = torch.zeros(1, 1, 4)
+    assert float(choice_barrier(uniform, torch.tensor([[[0, 1, -1]]]))[0, 0]) == pytest.approx(0.0)
+
+
+def test_choice_barrier_with_a_floor_pulls_only_the_starved_answers() -> None:
+    from mage_rl.rl.loss import choice_barrier
+
+    logits = torch.tensor([[[2.0, 0.0, -9.0]]], requires_grad=True)
+    allowed = torch.tensor([[[0, 1, 2]]])
+    probs = torch.softmax(logits.detach()[0, 0], dim=0)  # 0.88, 0.12, 0.0001
+    value = choice_barrier(logits, allowed, floor=0.05)
+    assert float(value[0, 0]) == pytest.approx(float(math.log(0.05) - probs[2].log()) / 3, rel=1e-5)
+    value.sum().backward()
+    # Only the answer below the floor is pulled up: d/dz of -log pi(2) / 3.
+    expected = (probs / 3).tolist()
+    expected[2] -= 1 / 3
+    assert logits.grad[0, 0].tolist() == pytest.approx(expected, abs=1e-6)
+    # Every answer above the floor: nothing.
+    flat = torch.zeros(1, 1, 3, requires_grad=True)
+    assert float(choice_barrier(flat, allowed, floor=0.05)[0, 0]) == 0.0
