@@ -137,6 +137,14 @@ class PolicyConfig(_Strict):
         "sampling log-probs (PPO's ratio corrects for it). Keeps answers the model's prior "
         "starves in the batch; evaluation never explores.",
     )
+    explore_ratio: Literal["exact", "policy"] = Field(
+        "exact",
+        description="What PPO's ratio divides by for explored rollouts: exact (the "
+        "mixture's log-probs, the importance weight of what was sampled) or policy (the "
+        "policy's own: every sampled answer is trained as if the policy had drawn it, so "
+        "a rare answer that wins gets a full-size push; biased toward explored answers, "
+        "but each logit still moves by mixture(a) * (Q(a) - mean Q), toward the best answer).",
+    )
     engine: Literal["local", "vllm"] = Field(
         "local",
         description="local: the batched engine in this process; vllm: a vLLM server that "

@@ -119,6 +119,10 @@ class Trainer:
             and self.learner.autocast_dtype is None
         )
         self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
+        # Explored rollouts trained as the policy's own samples: the old log-probs must be
+        # the policy's, which the engine did not record.
+        if cfg.policy.explore > 0 and cfg.policy.explore_ratio == "policy":
+            self.recompute_old_logprobs = True
         self.start_iteration = 0
         # Unless choice_update is "sampled": the running estimates of the branch points.
         choice = cfg.advantages.choice_update
@@ -169,7 +173,7 @@ class Trainer:
         samples = samples_from_records(records, advantages, branch)
         if self.recompute_old_logprobs:
             # Sampled from the exploration mixture: the old log-probs are the mixture's.
-            explore = self.cfg.policy.explore
+            explore = self.cfg.policy.explore if self.cfg.policy.explore_ratio == "exact" else 0.0
             fresh = self.learner.compute_logprobs(samples)
             samples = [
                 s.with_old_logprobs(behaviour_logprobs(s, lp, explore))
