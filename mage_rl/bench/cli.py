@@ -148,6 +148,16 @@ def _cmd_learning(args: argparse.Namespace) -> int:
     started = time.time()
     apply_threads(args.threads)
     probes = list(PROBES) if args.probes == "all" else args.probes.split(",")
+    if args.checkpoint:
+        from mage_rl.bench.learning import evaluate_checkpoint, format_transfer
+
+        doc = evaluate_checkpoint(
+            args.config, args.checkpoint, args.population or "rps_unseen", out=args.out,
+            overrides=args.set, started=started,
+        )  # fmt: skip
+        print(format_transfer(doc))
+        console.print(f"results: {args.out}/transfer.json")
+        return 0
     if args.diagnose:
         from mage_rl.bench.learning import diagnose_update, format_diagnosis
 
@@ -513,6 +523,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="instead of the probes: one rock-paper-scissors batch, one update per "
         "advantage term, and how far each moves the answers everywhere (context-free) "
         "against toward reading the opponent",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="instead of the probes: play this trained checkpoint (a run's "
+        "checkpoints/iter_N/model) as --config plays, against --population",
+    )
+    p.add_argument(
+        "--population", default=None, help="with --checkpoint: the opponents (rps_unseen)"
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     _add_common(p, json=False)

@@ -383,10 +383,7 @@ def format_learning(doc: dict[str, Any]) -> str:
                     )
             oracle = (results[0].get("oracle") or {}).get("first", {})
             if oracle:
-                lines.append(
-                    f"| | best response (exact) | J: BET, Q: PASS, K: BET | J: PASS, K: BET | "
-                    f"{oracle['best_fixed']:+.3f} |"
-                )
+                lines.append(f"| | best response (exact value) | | | {oracle['best_fixed']:+.3f} |")
             lines.append("")
         else:
             k = probe.episodes
@@ -570,4 +567,92 @@ def format_diagnosis(doc: dict[str, Any]) -> str:
             f"| {row['term']} | {shift} | {row['context_free_norm']:.3f} | "
             f"{row['reading_gain']:+.3f} |"
         )
+    return "\n".join(lines)
+
+
+# -- a trained checkpoint against other opponents -----------------------------------------
+
+
+def evaluate_checkpoint(
+    config: str | Path,
+    checkpoint: str | Path,
+    population: str,
+    *,
+    out: str | Path,
+    overrides: Sequence[str] = (),
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Play a checkpoint against ``population`` exactly as ``config`` trains and evaluates.
+
+    The config's prompt, layout, context and decoding (``eval.temperature``) apply, and
+    its ``eval.tasks`` evaluation tasks are drawn from ``population`` (stratified when
+    ``eval.stratify`` is). Nothing is trained. Writes ``OUT/eval/iter_000000.json(l)`` and
+    ``OUT/transfer.json``: the payoff and win rate of every episode with 95 % intervals,
+    and whether the last episode beats the first, intervals apart.
+    """
+    from mage_rl import runtime
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.trainer import Trainer
+
+    out = Path(out)
+    sets = [
+        *overrides,
+        f"policy.model={checkpoint}",
+        f"env.population={population}",
+        "eval.before=false",
+        "eval.baselines=[]",
+    ]
+    cfg = load_config(Path(config), sets, TrainConfig)
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        summary = trainer.evaluate(0)
+    finally:
+        trainer.engine.close()
+    records = _read(out / "eval" / "iter_000000.jsonl")  # written by evaluate()
+    block = summary.get("stratified") or summary["intervals"]
+    evs = block.get("ev@k") or []
+    wins = [0] * cfg.meta.episodes
+    played = [0] * cfg.meta.episodes
+    for record in records:
+        for episode in record["episodes"]:
+            played[episode["index"]] += 1
+            wins[episode["index"]] += episode["outcome"] == "won"
+    doc = {
+        "config": str(config),
+        "checkpoint": str(checkpoint),
+        "population": population,
+        "n": summary["n"],
+        "ev_by_episode": evs,
+        "win_by_episode": [_rate(w, n) for w, n in zip(wins, played, strict=True)],
+        "last_above_first": bool(
+            len(evs) > 1 and evs[-1].get("low") is not None and evs[-1]["low"] > evs[0]["high"]
+        ),
+    }
+    if cfg.env.name == "rock_paper_scissors":
+        from mage_rl.envs.rps import rps_values
+
+        pop = runtime.population(cfg)
+        values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
+        doc["oracle"] = values.to_dict()
+    write_results(out / "transfer.json", doc, started=started)
+    return doc
+
+
+def format_transfer(doc: dict[str, Any]) -> str:
+    k = len(doc["ev_by_episode"])
+    lines = [
+        f"{doc['checkpoint']} against {doc['population']}, {doc['n']} meta-episodes:",
+        "",
+        "| episode | " + " | ".join(str(i + 1) for i in range(k)) + " |",
+        "| --- |" + " --- |" * k,
+        "| payoff | " + " | ".join(_fmt(e, 3, True) for e in doc["ev_by_episode"]) + " |",
+        "| win rate | " + " | ".join(_fmt(w) for w in doc["win_by_episode"]) + " |",
+    ]
+    oracle = doc.get("oracle")
+    if oracle:
+        lines.append(
+            f"| exact | best fixed {oracle['best_fixed']:+.3f} | | Bayes last "
+            f"{oracle['bayes_last']:+.3f} (win {oracle['win_bayes_last']:.2f}) |"
+        )
+    lines += ["", f"last episode above the first, intervals apart: {doc['last_above_first']}"]
     return "\n".join(lines)

@@ -70,7 +70,8 @@ DEFAULTS = {
     ),
     "learning": dict(
         config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
-        out="runs/learning", no_progress=False, diagnose=False, set=[], threads=None,
+        out="runs/learning", no_progress=False, diagnose=False, checkpoint=None,
+        population=None, set=[], threads=None,
     ),
 }  # fmt: skip
 

@@ -1,0 +1,84 @@
+"""mage bench learning: the probe suite runs, and its figures are read off real records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mage_rl.bench.learning import (
+    PROBES,
+    bench_learning,
+    format_learning,
+    probe_config,
+    rps_figures,
+)
+
+BASE = """
+meta: {context: history, layout: conversation, prompt: compact, stop_on_success: false}
+policy: {model: tiny, dtype: fp32, max_tokens: 12, constrain_actions: true, explore: 0.1}
+rollout: {tasks: 3, group_size: 2}
+returns: {reward_to_go: true}
+learner: {dtype: fp32}
+env: {name: kuhn_poker}
+train: {iterations: 50}
+"""
+
+
+def test_probe_config_keeps_the_learner_and_sets_the_game() -> None:
+    base = {"policy": {"model": "tiny"}, "learner": {"lr": 0.1}, "env": {"name": "x"},
+            "train": {"iterations": 99}, "meta": {"layout": "conversation", "episodes": 7}}  # fmt: skip
+    cfg = probe_config(PROBES["rps"], base, seed=3, iterations=2)
+    assert cfg["env"]["name"] == "rock_paper_scissors" and cfg["meta"]["episodes"] == 3
+    assert cfg["meta"]["layout"] == "conversation" and cfg["learner"] == {"lr": 0.1, "seed": 3}
+    assert cfg["rollout"]["seed"] == 3 and cfg["train"] == {"iterations": 2}
+    assert cfg["eval"]["before"] is True
+
+
+def _record(moves: list[tuple[str, str]]) -> dict:
+    beats = {"ROCK": "PAPER", "PAPER": "SCISSORS", "SCISSORS": "ROCK"}
+    episodes, turns = [], []
+    for k, (mine, theirs) in enumerate(moves):
+        outcome = "draw" if mine == theirs else ("won" if beats[theirs] == mine else "lost")
+        episodes.append({"index": k, "outcome": outcome})
+        turns.append({"kind": "play", "episode": k, "text": f"<action>{mine}</action>"})
+    return {"episodes": episodes, "turns": turns}
+
+
+def test_rps_figures_count_wins_and_reading() -> None:
+    records = [
+        _record([("ROCK", "SCISSORS"), ("ROCK", "SCISSORS"), ("ROCK", "SCISSORS")]),
+        _record([("ROCK", "PAPER"), ("SCISSORS", "PAPER"), ("PAPER", "PAPER")]),
+    ]
+    figures = rps_figures(records, 3)
+    assert [w["mean"] for w in figures["win_by_round"]] == [0.5, 1.0, 0.5]
+    # Rounds 2-3 answering the move that beats what the opponent showed: 3 of 4.
+    assert figures["beats_last_shown"]["mean"] == 0.75 and figures["beats_last_shown"]["n"] == 4
+
+
+def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> None:
+    config = tmp_path / "base.yaml"
+    config.write_text(BASE)
+    out = tmp_path / "out"
+    doc = bench_learning(
+        config=config, probes=["rps", "kuhn_card"], seeds=[0], iterations=1, out=out,
+        log=lambda _m: None,
+    )  # fmt: skip
+    saved = json.loads((out / "learning.json").read_text())
+    assert saved["provenance"]["commit"] and [r["probe"] for r in saved["results"]] == [
+        "rps",
+        "kuhn_card",
+    ]
+    rps, card = doc["results"]
+    assert rps["oracle"]["first"]["bayes_last_hand"] == 1.0
+    assert len(rps["trained"]["win_by_round"]) == 3 and rps["iterations"] == 1
+    assert set(rps["verdicts"]) == {"last_vs_first", "last_vs_best_fixed", "last_vs_untrained"}
+    assert card["oracle"]["first"]["best_fixed"] == pytest.approx(1 / 3)
+    shares = card["untrained"]["bet_share"]["no bet to face"]
+    assert set(shares) == {"J", "Q", "K"} and all(0 <= s["mean"] <= 1 for s in shares.values())
+    text = (out / "learning.md").read_text()
+    assert "### rps" in text and "### kuhn_card" in text and "| | Bayes play |" in text
+    assert format_learning(saved).splitlines()[0] == text.splitlines()[0]
+    with pytest.raises(ValueError, match="unknown probe"):
+        bench_learning(config=config, probes=["chess"], seeds=[0], iterations=1, out=out)
