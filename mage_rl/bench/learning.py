@@ -29,7 +29,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,6 @@ class Probe:
     eval_tasks: int
     stratify: bool
     question: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 PROBES = {
@@ -175,7 +174,7 @@ def rps_figures(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
 
 
 def _opponent_move(record: dict[str, Any], index: int) -> str | None:
-    """The opponent's move in round ``index``, from the record's conversation or turns."""
+    """The opponent's move in round ``index``, from the agent's answer and the outcome."""
     for turn in record["turns"]:
         if turn["kind"] != "play" or turn["episode"] != index:
             continue
@@ -190,6 +189,7 @@ def _opponent_move(record: dict[str, Any], index: int) -> str | None:
 
 
 def _rps_reads(records: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """Answers in rounds 2..K that beat the opponent's previous move, and all of them."""
     reads = informed = 0
     for record in records:
         for turn in record["turns"]:

@@ -82,3 +82,30 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
     assert format_learning(saved).splitlines()[0] == text.splitlines()[0]
     with pytest.raises(ValueError, match="unknown probe"):
         bench_learning(config=config, probes=["chess"], seeds=[0], iterations=1, out=out)
+
+
+def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path) -> None:
+    from mage_rl.bench.learning import evaluate_checkpoint, format_transfer
+    from mage_rl.cli import main
+
+    config = tmp_path / "rps.yaml"
+    config.write_text(
+        BASE.replace("env: {name: kuhn_poker}", "env: {name: rps, population: rps_train, seat: first}")
+        .replace("train: {iterations: 50}", "train: {iterations: 1}\neval: {tasks: 6, before: false}")
+    )  # fmt: skip
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--no-progress"]) == 0
+    checkpoint = run / "checkpoints" / "iter_000001" / "model"
+    doc = evaluate_checkpoint(config, checkpoint, "rps_unseen", out=tmp_path / "transfer")
+    records = (tmp_path / "transfer" / "eval" / "iter_000000.jsonl").read_text().splitlines()
+    opponents = {json.loads(line)["opponent"].split(":")[1] for line in records}
+    assert opponents <= {"mostly_rock", "mostly_paper", "mostly_scissors"} and doc["n"] == 6
+    # Played in the training format: one conversation per meta-episode, constrained answers.
+    first = json.loads(records[0])
+    assert first["conversation"] and all(
+        t["text"].startswith("<action>") for t in first["turns"] if t["kind"] == "play"
+    )
+    assert len(doc["ev_by_episode"]) == 3 and doc["oracle"]["bayes_last"] == pytest.approx(0.192)
+    assert "last episode above the first" in format_transfer(doc)
+    saved = json.loads((tmp_path / "transfer" / "transfer.json").read_text())
+    assert saved["provenance"]["command"] and saved["checkpoint"] == str(checkpoint)
