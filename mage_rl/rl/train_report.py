@@ -366,7 +366,7 @@ def write_training_report(
         f"Evaluation: {n} meta-episodes per agent on the same tasks (seed {cfg.eval.seed}"
         f"{subset})"
         + f", K = {k}, temperature {cfg.eval.temperature}"
-        + (", stratified over opponent, seat and last deal" if stratified else "")
+        + (", stratified over opponent, seat and (where the game deals) the last deal" if stratified else "")
         + ". Intervals are 95 %."
         + (" A hand abandoned after invalid answers counts 0 chips in the stratified ev@k."
            if stratified else " ev@k leaves out hands abandoned after invalid answers.")

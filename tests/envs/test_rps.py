@@ -72,3 +72,15 @@ def test_oracle_command_prints_the_values() -> None:
     values = json.loads(out.stdout)
     assert [v["episodes"] for v in values] == [1, 2, 3, 4, 5]
     assert values[2]["bayes_last"] == 1.0 and values[2]["best_fixed"] == 0.0
+
+
+def test_a_game_without_chance_moves_is_stratified_over_opponents_alone() -> None:
+    from mage_rl.eval.stratified import stratified_tasks
+
+    design = stratified_tasks(
+        "rps", Population.parse("rps_train"), "first", per_stratum=2, num_episodes=3,
+        protocol="fresh", base_seed=7,
+    )  # fmt: skip
+    assert len(design.tasks) == 6 and len(set(design.strata)) == 3
+    assert sorted(design.weights.values()) == pytest.approx([1 / 3] * 3)
+    assert {t.opponent for t in design.tasks} == set(Population.parse("rps_train").specs)

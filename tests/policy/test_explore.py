@@ -72,3 +72,31 @@ def test_engine_records_the_mixture_and_the_learner_recovers_it() -> None:
     samples = [Sample(g.prompt_ids, g.response_ids, g.logprobs, 1.0, g.allowed) for g in plain]
     for gen, lps in zip(plain, learner.compute_logprobs(samples), strict=True):
         assert lps == pytest.approx(gen.logprobs, abs=1e-4)
+
+
+def test_the_trainer_divides_by_what_explore_ratio_names(tmp_path) -> None:
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.trainer import Trainer
+
+    base = [
+        "env.name=rps", "env.population=rps_train", "env.seat=first", "policy.model=tiny",
+        "policy.dtype=fp32", "learner.dtype=fp32", "policy.constrain_actions=true",
+        "policy.max_tokens=12", "policy.explore=0.2", "rollout.tasks=3", "rollout.group_size=2",
+        "eval.tasks=0", "eval.before=false",
+    ]  # fmt: skip
+    exact = Trainer(load_config(None, base, TrainConfig), tmp_path / "exact", progress=False)
+    # fp32 sampling records exact mixture log-probs: nothing to recompute.
+    assert exact.recompute_old_logprobs is False
+    records = exact.rollout(0)
+    stats = exact.learn(records)
+    # The ratio is pi / mixture, not 1: the mixture puts more mass on rare answers, so
+    # the old log-probs exceed the policy's on average over what was sampled.
+    assert stats["approx_kl"] > 0
+    exact.engine.close()
+    policy = Trainer(
+        load_config(None, [*base, "policy.explore_ratio=policy"], TrainConfig),
+        tmp_path / "policy",
+        progress=False,
+    )
+    assert policy.recompute_old_logprobs is True  # the policy's own log-probs are needed
+    policy.engine.close()

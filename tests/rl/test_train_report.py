@@ -64,7 +64,10 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
     assert set(found) == {"last_vs_first", "last_vs_best_fixed", "last_vs_untrained"}
     last = trained["stratified"]["ev@k"][-1]
     assert found["last_vs_first"]["first"]["mean"] == trained["stratified"]["ev@k"][0]["mean"]
-    assert found["last_vs_untrained"]["untrained"]["high"] == untrained["stratified"]["ev@k"][-1]["high"]
+    assert (
+        found["last_vs_untrained"]["untrained"]["high"]
+        == untrained["stratified"]["ev@k"][-1]["high"]
+    )
     assert found["last_vs_best_fixed"]["best_fixed"]["mean"] == pytest.approx(1 / 6)  # first seat
     for verdict in found.values():
         assert verdict["last"]["mean"] == last["mean"] and verdict["last"]["low"] == last["low"]
