@@ -237,6 +237,12 @@ class RunConfig(_Strict):
                 f"env.name={self.env.name} is a single-agent task with one seat, but env.seat="
                 f"{self.env.seat!r}; set env.seat: first"
             )
+        if self.meta.layout == "conversation" and self.meta.context == "none":
+            raise ValueError(
+                "meta.layout=conversation keeps every earlier episode in the one chat, so "
+                "meta.context=none cannot hold there; for episodes without memory of each "
+                "other set meta.layout: rerendered"
+            )
         if self.meta.agent == "react" and self.meta.context != "none":
             raise ValueError(
                 f"meta.agent=react keeps no memory across episodes, but meta.context="

@@ -98,3 +98,10 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 def test_a_top_level_list_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="top level must be a mapping"):
         load_config(_file(tmp_path, "- policy\n"))
+
+
+def test_the_conversation_layout_refuses_episodes_without_memory() -> None:
+    base = ["policy.model=tiny", "meta.layout=conversation", "meta.context=none"]
+    with pytest.raises(ValueError, match="meta.layout: rerendered"):
+        load_config(None, base, TrainConfig)
+    assert load_config(None, [*base, "meta.layout=rerendered"], TrainConfig).meta.context == "none"
