@@ -37,7 +37,9 @@ def _cmd_oracle(args: argparse.Namespace) -> int:
 
     game = canonical_game(args.game)
     if game == "rock_paper_scissors":
-        return _rps_oracle(args)
+        from mage_rl.eval.rps_oracle import print_rps_oracle
+
+        return print_rps_oracle(args.population, as_json=args.json, console=console)
     if game != "kuhn_poker":
         return _game_oracle(args, game)
     population = Population.parse(args.population or _KUHN_POPULATION, game="kuhn_poker")
@@ -77,43 +79,6 @@ _KUHN_POPULATION = "conservative=0.3,aggressive=0.3,intermediate=0.4"
 _ORACLE_GAMES = (
     "kuhn", "kuhn_poker", "leduc", "leduc_poker", "liars", "liars_dice", "rps", "rock_paper_scissors",
 )  # fmt: skip
-
-
-def _rps_oracle(args: argparse.Namespace) -> int:
-    """Rock-paper-scissors: the values of :func:`~mage_rl.envs.rps.rps_values` for K = 1..5."""
-    from mage_rl.envs import Population
-    from mage_rl.envs.rps import rps_values
-
-    population = Population.parse(args.population or "rps_train", game="rock_paper_scissors")
-    weights = dict(zip(population.specs, population.weights, strict=True))
-    try:
-        values = [rps_values(weights, k) for k in range(1, 6)]
-    except ValueError as exc:
-        raise SystemExit(f"mage oracle rps: {exc}") from None
-    if args.json:
-        print(json.dumps([v.to_dict() for v in values], indent=2))
-        return 0
-    first = values[0]
-    pop = ", ".join(f"{s.split(':', 1)[1]}={w:.2f}" for s, w in first.population.items())
-    table = Table(title=f"Rock-paper-scissors exact values, wins minus losses per round ({pop})")
-    table.add_column("K")
-    table.add_column("best fixed (any round, no memory)")
-    table.add_column("win rate")
-    table.add_column("Bayes last round")
-    table.add_column("win rate")
-    table.add_column("ceiling (knowing the opponent)")
-    for v in values:
-        table.add_row(
-            str(v.episodes), f"{v.best_fixed:+.4f}", f"{v.win_best_fixed:.4f}",
-            f"{v.bayes_last:+.4f}", f"{v.win_bayes_last:.4f}", f"{v.ceiling:+.4f}",
-        )  # fmt: skip
-    console.print(table)
-    console.print(
-        "Bayes last round: the best answer to the posterior over the opponents after the "
-        "first K-1 rounds (the opponents ignore the agent's moves, so what it played "
-        "before does not matter)."
-    )
-    return 0
 
 
 def _game_oracle(args: argparse.Namespace, game: str) -> int:

@@ -16,7 +16,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mage_rl.cluster.settings import OpenRLHFSection
-from mage_rl.config_yaml import describe_error, parse_overrides, read_yaml, set_path
+from mage_rl.config_yaml import (
+    BASE_DIR_KEY,
+    describe_error,
+    parse_overrides,
+    read_yaml,
+    set_path,
+    with_plugins_loaded,
+)
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.learner_config import LearnerConfig
@@ -128,22 +135,15 @@ class PolicyConfig(_Strict):
         "action is chosen right next to it. Kuhn Poker, Leduc Hold'em and Liar's Dice.",
     )
     explore: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="With constrain_actions, training rollouts only: at every position "
-        "where several tokens are allowed, sample from (1 - explore) * policy + explore * "
-        "uniform over the allowed tokens, and record that mixture's log-probs as the "
-        "sampling log-probs (PPO's ratio corrects for it). Keeps answers the model's prior "
-        "starves in the batch; evaluation never explores.",
-    )
+        0.0, ge=0.0, lt=1.0,
+        description="With constrain_actions, training rollouts only: sample each choice "
+        "from (1 - explore) * policy + explore * uniform over the allowed tokens and record "
+        "that mixture's log-probs (docs/policy.md). Evaluation never explores.",
+    )  # fmt: skip
     explore_ratio: Literal["exact", "policy"] = Field(
         "exact",
-        description="What PPO's ratio divides by for explored rollouts: exact (the "
-        "mixture's log-probs, the importance weight of what was sampled) or policy (the "
-        "policy's own: every sampled answer is trained as if the policy had drawn it, so "
-        "a rare answer that wins gets a full-size push; biased toward explored answers, "
-        "but each logit still moves by mixture(a) * (Q(a) - mean Q), toward the best answer).",
+        description="PPO's ratio for explored rollouts: exact (policy / mixture) or policy "
+        "(explored answers trained as the policy's own samples; biased).",
     )
     engine: Literal["local", "vllm"] = Field(
         "local",
@@ -153,16 +153,12 @@ class PolicyConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _explore_needs_constraints(self) -> PolicyConfig:
+    def _check_engine(self) -> PolicyConfig:
         if self.explore > 0 and not self.constrain_actions:
             raise ValueError(
                 f"policy.explore={self.explore} mixes uniform choices into constrained "
                 "answers only; set policy.constrain_actions: true or policy.explore: 0"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _check_engine(self) -> PolicyConfig:
         if self.engine == "vllm" and (self.model.split(":")[0] == "tiny" or self.constrain_actions):
             raise ValueError(
                 f"policy.engine=vllm with model={self.model!r}, constrain_actions="
@@ -186,10 +182,8 @@ class RolloutConfig(_Strict):
     seed: int = Field(0, description="Base seed; task seeds derive from it and the iteration.")
     opponents: Literal["balanced", "independent"] = Field(
         "balanced",
-        description="How a training batch draws its opponents: balanced (systematic "
-        "sampling, each opponent in proportion to its weight up to one task, so the batch's "
-        "mix does not push the answers of unknown opponents one way) or independent (each "
-        "task draws its own).",
+        description="A training batch's opponents: balanced (each in proportion to its "
+        "weight, up to one task) or independent (each task draws its own).",
     )
 
 
@@ -209,7 +203,7 @@ class RunConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _load_plugins(cls, data: Any) -> Any:
-        return _with_plugins_loaded(data)
+        return with_plugins_loaded(data)
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -237,11 +231,14 @@ class RunConfig(_Strict):
                 f"env.name={self.env.name} is a single-agent task with one seat, but env.seat="
                 f"{self.env.seat!r}; set env.seat: first"
             )
-        if self.meta.layout == "conversation" and self.meta.context == "none":
+        if (
+            self.meta.layout == "conversation"
+            and self.meta.context == "none"
+            and self.meta.episodes > 1
+        ):
             raise ValueError(
                 "meta.layout=conversation keeps every earlier episode in the one chat, so "
-                "meta.context=none cannot hold there; for episodes without memory of each "
-                "other set meta.layout: rerendered"
+                "meta.context=none cannot hold; set meta.layout: rerendered for that"
             )
         if self.meta.agent == "react" and self.meta.context != "none":
             raise ValueError(
@@ -259,37 +256,6 @@ class RunConfig(_Strict):
                 "Thought line cannot be written; use meta.agent: mage or reflexion"
             )
         return self
-
-
-BASE_DIR_KEY = "_base_dir"
-
-
-def _with_plugins_loaded(data: Any) -> Any:
-    """Load the plugins a raw config names, with their file paths made absolute.
-
-    Plugins register the names the rest of the config may use, so they load before any
-    section is checked. ``load_config`` passes the config file's folder under
-    :data:`BASE_DIR_KEY`; relative plugin files are read from there and stored absolute,
-    so a saved copy of the config (a run's ``config.yaml``) still finds them.
-    """
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    base_dir = data.pop(BASE_DIR_KEY, None)
-    plugins = data.get("plugins")
-    if plugins:
-        from mage_rl.plugins import PluginError, load_plugin, plugin_path
-
-        if isinstance(plugins, str) or not isinstance(plugins, list):
-            raise ValueError("plugins must be a list of module names or .py files")
-        resolved = [plugin_path(str(p), base_dir) for p in plugins]
-        for spec in resolved:
-            try:
-                load_plugin(spec)
-            except PluginError as err:
-                raise ValueError(str(err)) from None
-        data["plugins"] = resolved
-    return data
 
 
 def load_config(
@@ -435,7 +401,7 @@ class TrainConfig(RunConfig):
         # SPEC §3-4: the penalties and the cross-episode discount belong to the task
         # (c_inv 2.0 for Kuhn, 0.5 for Tic-Tac-Toe and Sokoban; gamma_traj 0.9 for
         # Sokoban): what the config leaves out comes from the environment's registry entry.
-        data = _with_plugins_loaded(data)
+        data = with_plugins_loaded(data)
         if not isinstance(data, dict):
             return data
         from mage_rl.envs import ENVS

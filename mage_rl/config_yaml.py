@@ -117,3 +117,34 @@ def describe_error(err: Any, cls: type[BaseModel]) -> str:
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     return f"  {where}: {message}"
+
+
+BASE_DIR_KEY = "_base_dir"
+
+
+def with_plugins_loaded(data: Any) -> Any:
+    """Load the plugins a raw config names, with their file paths made absolute.
+
+    Plugins register the names the rest of the config may use, so they load before any
+    section is checked. ``load_config`` passes the config file's folder under
+    :data:`BASE_DIR_KEY`; relative plugin files are read from there and stored absolute,
+    so a saved copy of the config (a run's ``config.yaml``) still finds them.
+    """
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    base_dir = data.pop(BASE_DIR_KEY, None)
+    plugins = data.get("plugins")
+    if plugins:
+        from mage_rl.plugins import PluginError, load_plugin, plugin_path
+
+        if isinstance(plugins, str) or not isinstance(plugins, list):
+            raise ValueError("plugins must be a list of module names or .py files")
+        resolved = [plugin_path(str(p), base_dir) for p in plugins]
+        for spec in resolved:
+            try:
+                load_plugin(spec)
+            except PluginError as err:
+                raise ValueError(str(err)) from None
+        data["plugins"] = resolved
+    return data

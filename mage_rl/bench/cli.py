@@ -142,51 +142,6 @@ def _cmd_adaptation(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_learning(args: argparse.Namespace) -> int:
-    from mage_rl.bench.learning import PROBES, bench_learning, format_learning
-
-    started = time.time()
-    apply_threads(args.threads)
-    probes = list(PROBES) if args.probes == "all" else args.probes.split(",")
-    if args.checkpoint:
-        from mage_rl.bench.learning import evaluate_checkpoint, format_transfer
-
-        doc = evaluate_checkpoint(
-            args.config, args.checkpoint, args.population or "rps_unseen", out=args.out,
-            overrides=args.set, started=started,
-        )  # fmt: skip
-        print(format_transfer(doc))
-        console.print(f"results: {args.out}/transfer.json")
-        return 0
-    if args.diagnose:
-        from mage_rl.bench.learning import diagnose_update, format_diagnosis
-
-        doc = diagnose_update(
-            args.config, out=args.out, overrides=args.set, seed=int(args.seeds.split(",")[0]),
-            started=started,
-        )  # fmt: skip
-        print(format_diagnosis(doc))
-        console.print(f"results: {args.out}/diagnosis.json")
-        return 0
-    try:
-        doc = bench_learning(
-            config=args.config,
-            probes=probes,
-            seeds=[int(s) for s in args.seeds.split(",")],
-            iterations=args.iterations,
-            out=args.out,
-            overrides=args.set,
-            log=console.print,
-            started=started,
-            progress=not args.no_progress,
-        )
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"mage bench learning: {exc}") from None
-    print(format_learning(doc))
-    console.print(f"results: {args.out}/learning.json and learning.md")
-    return 0
-
-
 def _cmd_identification(args: argparse.Namespace) -> int:
     from mage_rl.bench.identification import bench_identification
     from mage_rl.bench.study_configs import study_config
@@ -496,46 +451,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(p, json=False)
     p.set_defaults(func=_cmd_adaptation)
 
-    p = benches.add_parser(
-        "learning",
-        help="the probe suite of the learner: rock-paper-scissors, Kuhn by card, Kuhn K=3",
-        description="Trains the same learner settings on three small games and compares "
-        "each with its exact reference values: does the model read the opponent's move "
-        "(rock-paper-scissors), its card (single Kuhn hands), the opponent in Kuhn Poker's "
-        "last hand? See docs/benchmarks.md.",
-    )
-    p.add_argument(
-        "--config",
-        default="configs/rps_smollm2.yaml",
-        help="the training config whose policy, rollout, returns, advantages and learner "
-        "sections every probe uses (default: the main job's)",
-    )
-    p.add_argument("--probes", default="all", help="comma-separated: rps, kuhn_card, kuhn_k3")
-    p.add_argument("--seeds", default="0", help="comma-separated training seeds")
-    p.add_argument(
-        "--iterations", type=int, default=None, help="iterations of every probe (default: its own)"
-    )
-    p.add_argument("--out", default="runs/learning", help="folder of the results and runs")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument(
-        "--diagnose",
-        action="store_true",
-        help="instead of the probes: one rock-paper-scissors batch, one update per "
-        "advantage term, and how far each moves the answers everywhere (context-free) "
-        "against toward reading the opponent",
-    )
-    p.add_argument(
-        "--checkpoint",
-        default=None,
-        help="instead of the probes: play this trained checkpoint (a run's "
-        "checkpoints/iter_N/model) as --config plays, against --population",
-    )
-    p.add_argument(
-        "--population", default=None, help="with --checkpoint: the opponents (rps_unseen)"
-    )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
-    _add_common(p, json=False)
-    p.set_defaults(func=_cmd_learning)
+    from mage_rl.bench.learning_cli import add_learning_parser
+
+    add_learning_parser(benches, _add_common)
 
     p = benches.add_parser(
         "identification",

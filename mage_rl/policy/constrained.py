@@ -84,7 +84,7 @@ def is_complete(candidates: Sequence[Sequence[int]], response: Sequence[int]) ->
 
 
 def restricted_logprobs(
-    logits: torch.Tensor, temperature: float, allowed: Sequence[int]
+    logits: torch.Tensor, temperature: float, allowed: Sequence[int], explore: float = 0.0
 ) -> torch.Tensor:
     """Log-probs of one position's restricted distribution.
 
@@ -93,6 +93,8 @@ def restricted_logprobs(
         temperature: Sampling temperature; 0 uses the untempered logits (greedy
             convention).
         allowed: Allowed token ids (non-empty).
+        explore: The uniform share of the exploration mixture
+            (:func:`explored_logprobs`); 0 is the restricted softmax itself.
 
     Returns:
         Float32 ``(V,)``, ``-inf`` outside ``allowed``.
@@ -101,7 +103,7 @@ def restricted_logprobs(
     index = torch.as_tensor(list(allowed), dtype=torch.long, device=logits.device)
     out = torch.full_like(scaled, float("-inf"))
     out[index] = torch.log_softmax(scaled[index], dim=-1)
-    return out
+    return explored_logprobs(out, allowed, explore)
 
 
 def explored_logprobs(

@@ -44,12 +44,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from mage_rl.policy.base import Generation
-from mage_rl.policy.constrained import (
-    allowed_next,
-    explored_logprobs,
-    is_complete,
-    restricted_logprobs,
-)
+from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
 from mage_rl.policy.forced import complete_forced, take_forced
 from mage_rl.policy.prefill import (
     pad_mask,
@@ -376,16 +371,12 @@ class RunningBatch:
     def _draw(self, i: int, logp: torch.Tensor) -> int:
         """Draw row ``i``'s token; a constrained row first gets its restricted distribution."""
         assert self.logits is not None
-        request = self.rows[i]
+        request, sp = self.rows[i], self.rows[i].params  # sp: its sampling params
         if request.candidates is not None:
             allowed = allowed_next(request.candidates, request.response_ids)
-            logp[i] = explored_logprobs(
-                restricted_logprobs(self.logits[i], request.params.temperature, allowed),
-                allowed,
-                request.params.explore,
-            )
+            logp[i] = restricted_logprobs(self.logits[i], sp.temperature, allowed, sp.explore)
             request.allowed.append(allowed)
-        return draw_row(logp[i], request.params.temperature == 0, request.generator)
+        return draw_row(logp[i], sp.temperature == 0, request.generator)
 
     def _report(self, drawn: dict[int, tuple[int, float]], logp: torch.Tensor) -> None:
         """Hand each drawn token, with its top alternatives when asked, to ``on_token``."""

@@ -353,11 +353,9 @@ class Learner(LearnerCheckpoints):
                         entropy_from_logits(logits.detach(), batch.allowed_index), batch.mask, total
                     )
             if cfg.choice_barrier > 0:
-                barrier = token_mean(
-                    choice_barrier(logits, batch.allowed_index, cfg.choice_floor), batch.mask, total
-                )
-                loss = loss + cfg.choice_barrier * barrier
-                stats["choice_barrier"] += barrier.item()
+                b = choice_barrier(logits, batch.allowed_index, cfg.choice_floor, batch.mask, total)
+                loss = loss + cfg.choice_barrier * b  # b: the barrier term's token mean
+                stats["choice_barrier"] += b.item()
             if cfg.kl_coef > 0:
                 ref_logp = self._reference_logprobs(batch, temp)
                 kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
@@ -391,20 +389,18 @@ class Learner(LearnerCheckpoints):
 
         Returns:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
-            ``approx_kl``, ``branch_frac`` (token-weighted means over all mini-batches),
-            ``grad_norm``
-            (mean pre-clip norm over optimizer steps), ``steps``, ``skipped_steps``
-            (non-finite gradients), ``tokens`` (response tokens trained on),
-            ``tokens_per_s`` (prompt and response tokens through the learner per second),
-            ``entropy_free`` (the mean entropy of the positions where more than one token
-            was allowed; equal to ``entropy`` without constrained decoding) and
-            ``entropy_coef`` (the entropy bonus's weight during this update); with
-            ``choice_barrier`` set, ``choice_barrier``, the mean ``KL(uniform || pi)``
-            of the positions with several allowed tokens.
+            ``approx_kl``, ``branch_frac``, ``choice_barrier`` (token-weighted means over
+            all mini-batches), ``grad_norm`` (mean pre-clip norm over optimizer steps),
+            ``steps``, ``skipped_steps`` (non-finite gradients), ``tokens`` (response tokens
+            trained on), ``tokens_per_s`` (prompt and response tokens through the learner
+            per second), ``entropy_free`` (the mean entropy of the positions where more than
+            one token was allowed; ``entropy`` without constrained decoding) and
+            ``entropy_coef`` (the entropy bonus's weight during this update).
         """
         cfg = self.config
         items = self._prepare_samples(samples)
-        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "branch_frac")
+        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "branch_frac",
+                "choice_barrier")  # fmt: skip
         counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s")
         result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
         result["entropy_coef"] = self.entropy_coef
@@ -435,7 +431,7 @@ class Learner(LearnerCheckpoints):
                     result["skipped_steps"] += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
-                for name in (*keys, "free_frac", "choice_barrier"):
+                for name in (*keys, "free_frac"):
                     weighted[name] += stats.get(name, 0.0) * n_tokens
                 trained_tokens += n_tokens
                 seen_tokens += sum(s.length for s in mini)
@@ -446,8 +442,6 @@ class Learner(LearnerCheckpoints):
         # over the free count.
         free = weighted["free_frac"]
         result["entropy_free"] = weighted["entropy"] / free if free > 0 else 0.0
-        if cfg.choice_barrier > 0:  # KL(uniform || pi) per position with a choice
-            result["choice_barrier"] = weighted["choice_barrier"] / free if free > 0 else 0.0
         result["grad_norm"] = sum(grad_norms) / len(grad_norms)
         result["lr"] = float(self.optimizer.param_groups[0]["lr"])
         result["tokens"] = float(trained_tokens)

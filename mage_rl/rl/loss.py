@@ -230,7 +230,11 @@ def entropy_from_logits(
 
 
 def choice_barrier(
-    logits: torch.Tensor, allowed_index: torch.Tensor | None, floor: float = 0.0
+    logits: torch.Tensor,
+    allowed_index: torch.Tensor | None,
+    floor: float = 0.0,
+    mask: torch.Tensor | None = None,
+    num_tokens: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The log-barrier at each position with several allowed tokens.
 
@@ -245,12 +249,15 @@ def choice_barrier(
         allowed_index: ``(B, T, A)`` allowed token ids padded with -1, or ``None``.
         floor: The probability below which a token is pulled up; 0: every token, toward
             uniform.
+        mask, num_tokens: With ``mask``, return the :func:`token_mean` of the values
+            instead (over ``num_tokens``, see there).
 
     Returns:
-        ``(B, T)``; aggregate with :func:`token_mean`.
+        ``(B, T)``, or the scalar token mean when ``mask`` is given.
     """
     if allowed_index is None:
-        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+        value = logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+        return value if mask is None else token_mean(value, mask, num_tokens)
     sub, restricted = _restricted_logits(logits.float(), allowed_index)
     valid = allowed_index.to(logits.device) >= 0
     count = valid.sum(-1)  # (B, T)
@@ -261,7 +268,8 @@ def choice_barrier(
         value = below.sum(-1) / n
     else:
         value = -(logp.masked_fill(~valid, 0.0)).sum(-1) / n - torch.log(n)
-    return torch.where(restricted & (count >= 2), value, torch.zeros_like(value))
+    value = torch.where(restricted & (count >= 2), value, torch.zeros_like(value))
+    return value if mask is None else token_mean(value, mask, num_tokens)
 
 
 def gather_logprobs(

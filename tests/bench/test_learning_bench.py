@@ -85,7 +85,7 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
 
 
 def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path) -> None:
-    from mage_rl.bench.learning import evaluate_checkpoint, format_transfer
+    from mage_rl.bench.learning_checks import evaluate_checkpoint, format_transfer
     from mage_rl.cli import main
 
     config = tmp_path / "rps.yaml"

@@ -42,10 +42,13 @@ def test_stratified_mean_by_hand() -> None:
     assert stratified_mean([2.0, 4.0], ["a", "a"], {"a": 0.25, "b": 0.75}).mean == 3.0
 
 
-def test_games_without_a_deal_are_refused() -> None:
-    with pytest.raises(ValueError, match="no chance move"):
-        stratified_tasks("tic_tac_toe", Population.parse("ttt_train"), "first", per_stratum=2,
-                         num_episodes=2, protocol="fresh", base_seed=0)  # fmt: skip
+def test_games_without_a_deal_are_stratified_over_opponent_and_seat() -> None:
+    pop = Population.parse("ttt_train")
+    design = stratified_tasks("tic_tac_toe", pop, "sampled", per_stratum=2,
+                              num_episodes=2, protocol="fresh", base_seed=0)  # fmt: skip
+    assert len(set(design.strata)) == len(pop.specs) * 2  # every opponent in both seats
+    assert len(design.tasks) == 2 * len(set(design.strata))
+    assert sum(design.weights.values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="per_stratum >= 2"):
         stratified_tasks("kuhn_poker", Population.parse("kuhn_train"), "first", per_stratum=1,
                          num_episodes=2, protocol="fresh", base_seed=0)  # fmt: skip

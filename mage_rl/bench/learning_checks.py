@@ -1,0 +1,251 @@
+"""Two checks beside the probe suite of :mod:`mage_rl.bench.learning`.
+
+- :func:`diagnose_update` (``mage bench learning --diagnose``): which term of one update
+  moves the answers everywhere, and which toward reading the opponent;
+- :func:`evaluate_checkpoint` (``--checkpoint``): a trained checkpoint against other
+  opponents, played exactly as its config plays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mage_rl.bench.learning import (
+    MOVES,
+    PROBES,
+    fmt_estimate,
+    probe_config,
+    read_records,
+    share_interval,
+)
+from mage_rl.provenance import write_results
+
+# -- the diagnosis: which term of the update moves which logit ---------------------------
+
+
+def _branch_logprobs(model: Any, turns: Sequence[Any], token_ids: Sequence[int]) -> Any:
+    """The restricted log-probs of ``token_ids`` at each turn's first branch position."""
+    import torch
+
+    rows = []
+    with torch.no_grad():
+        for turn in turns:
+            j = next(i for i, allowed in enumerate(turn.allowed) if len(allowed) > 1)
+            ids = torch.tensor([list(turn.prompt_ids) + list(turn.response_ids[:j])])
+            z = model(ids).logits[0, -1].float()[list(token_ids)]
+            rows.append(torch.log_softmax(z, dim=0))
+    return torch.stack(rows)
+
+
+def diagnose_update(
+    config: str | Path,
+    *,
+    out: str | Path,
+    overrides: Sequence[str] = (),
+    seed: int = 0,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """One rock-paper-scissors batch of the untrained model, one update per advantage term.
+
+    From the same weights and optimizer state, the learner takes one update with the
+    episode-level term alone (``omega = 0``), the step-level term alone, and their sum,
+    and the restricted distribution over ROCK / PAPER / SCISSORS is measured at every
+    play turn of the batch before and after. Each change of the centred log-probs splits
+    into a part shared by every turn (the answer moved whatever the context: the
+    *context-free shift*) and, in rounds 2..K, the extra change toward the move that beats
+    the opponent's previous one (the *reading gain*). Writes ``diagnosis.json``.
+    """
+    import copy
+    import dataclasses
+
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.config_yaml import read_yaml
+    from mage_rl.rl.advantages import compute_advantages
+    from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
+    from mage_rl.rl.trainer import Trainer
+
+    out = Path(out)
+    run_dir = out / f"diagnosis_seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    probe = PROBES["rps"]
+    cfg_dict = probe_config(probe, read_yaml(Path(config)), seed, 1)
+    cfg_dict["eval"] = {"tasks": 0, "before": False}
+    config_path = run_dir / "probe.yaml"
+    config_path.write_text(yaml.safe_dump(cfg_dict))
+    cfg = load_config(config_path, list(overrides), TrainConfig)
+    trainer = Trainer(cfg, run_dir, progress=False)
+    try:
+        tokenizer = trainer.tokenizer
+        moves = [tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
+        records = trainer.rollout(0)
+        turns, beats = [], []
+        for record in records:
+            habit = MOVES.index(record.opponent.rsplit("_", 1)[-1].upper())
+            for turn in record.turns:
+                if turn.kind == "play":
+                    turns.append(turn)
+                    beats.append((habit + 1) % 3 if turn.episode > 0 else None)
+        learner = trainer.learner
+        before = _branch_logprobs(learner.model, turns, moves)
+        weights = copy.deepcopy(learner.model.state_dict())
+        optimizer = copy.deepcopy(learner.optimizer.state_dict())
+        adv = cfg.advantages
+        terms = {
+            "A_E (episode level)": compute_advantages(
+                records, cfg.returns, dataclasses.replace(adv, omega=0.0)
+            ),
+            "A_S (step level)": compute_advantages(records, cfg.returns, adv, step_only=True),
+            f"A = A_E + {adv.omega:g} A_S": compute_advantages(records, cfg.returns, adv),
+        }
+        rows = []
+        for name, advantages in terms.items():
+            learner.model.load_state_dict(weights)
+            learner.optimizer.load_state_dict(optimizer)
+            samples = samples_from_records(records, advantages)
+            if trainer.recompute_old_logprobs:
+                fresh = learner.compute_logprobs(samples)
+                samples = [
+                    s.with_old_logprobs(behaviour_logprobs(s, lp, cfg.policy.explore))
+                    for s, lp in zip(samples, fresh, strict=True)
+                ]
+            learner.update(samples)
+            change = _branch_logprobs(learner.model, turns, moves) - before
+            centred = change - change.mean(dim=1, keepdim=True)
+            shift = centred.mean(dim=0)
+            gains = [float(centred[i, b] - shift[b]) for i, b in enumerate(beats) if b is not None]
+            rows.append(
+                {
+                    "term": name,
+                    "context_free_shift": {m: float(v) for m, v in zip(MOVES, shift, strict=True)},
+                    "context_free_norm": float(shift.norm()),
+                    "reading_gain": sum(gains) / max(1, len(gains)),
+                }
+            )
+        learner.model.load_state_dict(weights)
+        probs = before.exp()
+        first = [i for i, b in enumerate(beats) if b is None]
+        doc = {
+            "config": str(config),
+            "overrides": list(overrides),
+            "seed": seed,
+            "meta_episodes": len(records),
+            "play_turns": len(turns),
+            "round1_pi": {m: float(probs[first, k].mean()) for k, m in enumerate(MOVES)},
+            "terms": rows,
+        }
+    finally:
+        trainer.engine.close()
+    write_results(out / "diagnosis.json", doc, started=started)
+    return doc
+
+
+def format_diagnosis(doc: dict[str, Any]) -> str:
+    lines = [
+        f"One update from the untrained model on {doc['meta_episodes']} meta-episodes "
+        f"({doc['play_turns']} answers), seed {doc['seed']}; untrained round-1 answers "
+        + ", ".join(f"{m} {p:.3f}" for m, p in doc["round1_pi"].items())
+        + ".",
+        "",
+        "| update with | context-free shift of the centred log-probs, ROCK / PAPER / "
+        "SCISSORS (nats) | its size | reading gain, rounds 2-3 (nats) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in doc["terms"]:
+        shift = " / ".join(f"{v:+.3f}" for v in row["context_free_shift"].values())
+        lines.append(
+            f"| {row['term']} | {shift} | {row['context_free_norm']:.3f} | "
+            f"{row['reading_gain']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+# -- a trained checkpoint against other opponents -----------------------------------------
+
+
+def evaluate_checkpoint(
+    config: str | Path,
+    checkpoint: str | Path,
+    population: str,
+    *,
+    out: str | Path,
+    overrides: Sequence[str] = (),
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Play a checkpoint against ``population`` exactly as ``config`` trains and evaluates.
+
+    The config's prompt, layout, context and decoding (``eval.temperature``) apply, and
+    its ``eval.tasks`` evaluation tasks are drawn from ``population`` (stratified when
+    ``eval.stratify`` is). Nothing is trained. Writes ``OUT/eval/iter_000000.json(l)`` and
+    ``OUT/transfer.json``: the payoff and win rate of every episode with 95 % intervals,
+    and whether the last episode beats the first, intervals apart.
+    """
+    from mage_rl import runtime
+    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.rl.trainer import Trainer
+
+    out = Path(out)
+    sets = [
+        *overrides,
+        f"policy.model={checkpoint}",
+        f"env.population={population}",
+        "eval.before=false",
+        "eval.baselines=[]",
+    ]
+    cfg = load_config(Path(config), sets, TrainConfig)
+    trainer = Trainer(cfg, out, progress=False)
+    try:
+        summary = trainer.evaluate(0)
+    finally:
+        trainer.engine.close()
+    records = read_records(out / "eval" / "iter_000000.jsonl")  # written by evaluate()
+    block = summary.get("stratified") or summary["intervals"]
+    evs = block.get("ev@k") or []
+    wins = [0] * cfg.meta.episodes
+    played = [0] * cfg.meta.episodes
+    for record in records:
+        for episode in record["episodes"]:
+            played[episode["index"]] += 1
+            wins[episode["index"]] += episode["outcome"] == "won"
+    doc = {
+        "config": str(config),
+        "checkpoint": str(checkpoint),
+        "population": population,
+        "n": summary["n"],
+        "ev_by_episode": evs,
+        "win_by_episode": [share_interval(w, n) for w, n in zip(wins, played, strict=True)],
+        "last_above_first": bool(
+            len(evs) > 1 and evs[-1].get("low") is not None and evs[-1]["low"] > evs[0]["high"]
+        ),
+    }
+    if cfg.env.name == "rock_paper_scissors":
+        from mage_rl.envs.rps import rps_values
+
+        pop = runtime.population(cfg)
+        values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
+        doc["oracle"] = values.to_dict()
+    write_results(out / "transfer.json", doc, started=started)
+    return doc
+
+
+def format_transfer(doc: dict[str, Any]) -> str:
+    k = len(doc["ev_by_episode"])
+    lines = [
+        f"{doc['checkpoint']} against {doc['population']}, {doc['n']} meta-episodes:",
+        "",
+        "| episode | " + " | ".join(str(i + 1) for i in range(k)) + " |",
+        "| --- |" + " --- |" * k,
+        "| payoff | " + " | ".join(fmt_estimate(e, 3, True) for e in doc["ev_by_episode"]) + " |",
+        "| win rate | " + " | ".join(fmt_estimate(w) for w in doc["win_by_episode"]) + " |",
+    ]
+    oracle = doc.get("oracle")
+    if oracle:
+        lines.append(
+            f"| exact | best fixed {oracle['best_fixed']:+.3f} | | Bayes last "
+            f"{oracle['bayes_last']:+.3f} (win {oracle['win_bayes_last']:.2f}) |"
+        )
+    lines += ["", f"last episode above the first, intervals apart: {doc['last_above_first']}"]
+    return "\n".join(lines)
