@@ -124,23 +124,15 @@ def population(cfg: RunConfig) -> Population:
     return Population.parse(cfg.env.population, game=cfg.env.name)
 
 
-def tasks_for(cfg: RunConfig, n: int, base_seed: int, iteration: int = 0) -> list[TaskInstance]:
-    """``n`` task instances drawn from the config's population and seat setting."""
+def tasks_for(
+    cfg: RunConfig, n: int, base_seed: int, iteration: int = 0, balanced: bool = False
+) -> list[TaskInstance]:
+    """``n`` task instances drawn from the config's population and seat setting
+    (``balanced``: opponents by systematic sampling, see :func:`sample_tasks`)."""
     return sample_tasks(
-        population(cfg), n, base_seed=base_seed, iteration=iteration, seat=cfg.env.seat
-    )
-
-
-def batch_tasks(cfg: Any, iteration: int) -> list[TaskInstance]:
-    """The task instances of one training batch (``rollout.opponents`` decides the draw)."""
-    return sample_tasks(
-        population(cfg),
-        cfg.rollout.tasks,
-        base_seed=cfg.rollout.seed,
-        iteration=iteration,
-        seat=cfg.env.seat,
-        balanced=cfg.rollout.opponents == "balanced",
-    )
+        population(cfg), n, base_seed=base_seed, iteration=iteration, seat=cfg.env.seat,
+        balanced=balanced,
+    )  # fmt: skip
 
 
 def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
@@ -151,7 +143,8 @@ def training_tasks(cfg: Any, iteration: int) -> tuple[list[TaskInstance], int]:
     of a task seed each draw their own opponent from the population, so the group that
     shares a baseline spans opponents; every rollout is then its own task instance.
     """
-    tasks = batch_tasks(cfg, iteration)
+    balanced = cfg.rollout.opponents == "balanced"
+    tasks = tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed, iteration, balanced)
     if cfg.advantages.grouping != "mixed":
         return tasks, cfg.rollout.group_size
     pop = population(cfg)

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from mage_rl.envs.parsing import extract_action
 from mage_rl.provenance import write_results
 
 SHARED_SECTIONS = ("plugins", "policy", "rollout", "returns", "advantages", "learner")
@@ -110,7 +111,6 @@ PROBES = {
 }
 
 MOVES = ("ROCK", "PAPER", "SCISSORS")
-_ACTION = re.compile(r"<action>\s*([A-Za-z]+)\s*</action>")
 _CARD = re.compile(r"card: ([JQK])")
 
 
@@ -140,8 +140,9 @@ def probe_config(probe: Probe, base: dict[str, Any], seed: int, iterations: int)
 
 
 def _answer(turn: dict[str, Any]) -> str | None:
-    found = _ACTION.findall(turn.get("text") or "")
-    return found[-1].upper() if found and not turn.get("invalid") else None
+    """The action a play turn answered, upper-cased; ``None`` when it was invalid."""
+    found = extract_action(turn.get("text") or "")
+    return found.strip().upper() if found and not turn.get("invalid") else None
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
