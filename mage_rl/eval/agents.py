@@ -1,9 +1,10 @@
 """The agents of ``mage eval``: ``STYLE[=MODEL][@LABEL]`` specs.
 
 An agent is a graph style (``react``, ``reflexion``, ``mage`` or any registered agent)
-driving a model (a
-local one, a trained checkpoint, or an OpenAI-compatible endpoint). Its label names it
-in tables, plots and the run folder's ``records/``.
+driving a model: a local one, an OpenAI-compatible endpoint, or a training run (its
+folder or a checkpoint in it), which brings the graph and the play settings it was
+trained with (:mod:`mage_rl.eval.play`). Its label names it in tables, plots and the run
+folder's ``records/``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mage_rl.graphs import AGENT_GRAPHS
 from mage_rl.registry import PLUGIN_HINT
@@ -33,12 +35,20 @@ class AgentSpec:
         model: ``tiny``, ``smollm2``, a local HF directory or ``.gguf`` file (e.g. a
             trained checkpoint), or an OpenAI-compatible endpoint URL.
         endpoint_model: The model name an endpoint serves (endpoints only).
+        run: The training run the model comes from, if any.
+        play: How it plays (:data:`~mage_rl.eval.play.PLAY_KEYS`), filled in by
+            :class:`~mage_rl.eval.conditions.EvalConfig`.
+        overridden: The play settings in which it departs from its run, with the run's
+            values.
     """
 
     label: str
     style: str
     model: str
     endpoint_model: str | None = None
+    run: str | None = None
+    play: dict[str, Any] = field(default_factory=dict)
+    overridden: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_endpoint(self) -> bool:
@@ -53,15 +63,20 @@ def parse_agents(
 ) -> list[AgentSpec]:
     """Parse ``STYLE[=MODEL][@LABEL]`` agent specs.
 
-    ``MODEL`` defaults to ``default_model``; ``endpoint`` means the ``endpoint`` URL. The
-    label defaults to the style, or ``STYLE:MODEL-NAME`` when two agents share a style.
+    ``MODEL`` defaults to ``default_model``; ``endpoint`` means the ``endpoint`` URL. A
+    ``MODEL`` that is a training run (its folder, ``checkpoints/iter_N`` or its ``model``
+    folder) plays with the run's graph unless ``STYLE`` names another registered agent;
+    with a run, a ``STYLE`` that is no agent's name is the label. The label defaults to
+    the style, or ``STYLE:MODEL-NAME`` when two agents share a style.
 
     Raises:
         ValueError: An unknown style, ``endpoint`` without a URL, or two equal labels.
     """
+    from mage_rl.eval.play import find_run, run_play
+
     if not texts:
         raise ValueError("no agent to evaluate; pass e.g. --agent react --agent reflexion")
-    parsed: list[tuple[str, str, str | None]] = []
+    parsed: list[tuple[str, str, str | None, str | None]] = []
     for text in texts:
         label = None
         head, at, tail = text.rpartition("@")
@@ -71,33 +86,50 @@ def parse_agents(
         style = style.strip()
         if style.lower() in STYLES:
             style = style.lower()
+        model = model.strip() or default_model
+        found = find_run(model)
+        run = None
+        if found is not None:
+            run, model_dir = str(found[0]), str(found[1])
+            trained = run_play(run)["agent"]  # loads the run's plugins
+            if style not in AGENT_GRAPHS:
+                if label is None and _LABEL.match(style):
+                    label = style
+                style = trained
+            elif style != trained:
+                log.warning(
+                    "agent %s: %s was trained as %r; it plays the %r graph here, as asked",
+                    label or style, run, trained, style,
+                )
+            model = model_dir
         if style not in AGENT_GRAPHS:
             raise ValueError(
                 f"unknown agent style {style!r} in {text!r}; use STYLE[=MODEL][@LABEL] with "
                 f"STYLE a registered agent ({', '.join(AGENT_GRAPHS.names())}). To use your "
                 f"own, {PLUGIN_HINT}"
             )
-        model = model.strip() or default_model
         if model == "endpoint":
             if not endpoint:
                 raise ValueError(f"agent {text!r} needs --endpoint URL (and --endpoint-model)")
             model = endpoint
         if model.startswith(("http://", "https://")) and not endpoint_model:
             raise ValueError(f"agent {text!r} uses an endpoint; name its model: --endpoint-model")
-        parsed.append((style, model, label))
+        parsed.append((style, model, label, run))
 
-    def short(model: str) -> str:
+    def short(model: str, run: str | None) -> str:
+        if run is not None:
+            return Path(run).name
         if model.startswith(("http://", "https://")):
             return str(endpoint_model)
         return Path(model).name or model
 
-    styles = [style for style, _, _ in parsed]
+    styles = [style for style, _, _, _ in parsed]
     agents = []
-    for style, model, label in parsed:
+    for style, model, label, run in parsed:
         if label is None:
-            label = style if styles.count(style) == 1 else f"{style}:{short(model)}"
+            label = style if styles.count(style) == 1 else f"{style}:{short(model, run)}"
         remote = model.startswith(("http://", "https://"))
-        agents.append(AgentSpec(label, style, model, endpoint_model if remote else None))
+        agents.append(AgentSpec(label, style, model, endpoint_model if remote else None, run))
     labels = [a.label for a in agents]
     for label in labels:
         if labels.count(label) > 1:
@@ -108,7 +140,7 @@ def parse_agents(
     for agent in agents:
         if agent.style == "mage" and agent.model in ("tiny", "smollm2"):
             log.warning(
-                "agent %s drives the untrained %s with MAGE's graph; pass mage=CHECKPOINT "
+                "agent %s drives the untrained %s with MAGE's graph; pass mage=RUN_DIR "
                 "to evaluate a trained model",
                 agent.label,
                 agent.model,

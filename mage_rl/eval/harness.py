@@ -3,9 +3,11 @@
 1. The conditions (:class:`~mage_rl.eval.conditions.EvalConfig`, whose settings are
    defined once in :mod:`mage_rl.eval.settings`) fix everything but the agent:
    environments, opponent set, ``n`` task instances per environment drawn once with
-   :func:`~mage_rl.rl.rollout.sample_tasks` from one base seed, K, the episode protocol,
-   the sampling settings (default: the paper's evaluation sampling, temperature 0.7,
-   top-p 0.8, top-k 20) and the token budgets.
+   :func:`~mage_rl.rl.rollout.sample_tasks` from one base seed, K, the episode protocol
+   and the sampling settings (default: the paper's evaluation sampling, temperature 0.7,
+   top-p 0.8, top-k 20). Each agent plays in its own format (:mod:`mage_rl.eval.play`):
+   a trained one as its run's config says (graph, layout, context, prompt, decoding,
+   token limit, stop rule, dtype), unless a flag overrides it.
 2. The run folder (:mod:`mage_rl.eval.run_folder`) gets ``config.json`` (conditions and
    agents) and ``tasks.json`` (every task instance: seed, opponent, seat). Restarting in
    a folder checks that the conditions are the same; agents may be added.
@@ -34,6 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl import runtime
+from mage_rl.config import RunConfig
 from mage_rl.envs import derive_seed, make_env
 from mage_rl.eval.agents import STYLES, AgentSpec, parse_agents
 from mage_rl.eval.conditions import (
@@ -52,7 +56,7 @@ from mage_rl.eval.run_folder import (
     slim,
     tasks_document,
 )
-from mage_rl.graphs import MetaEpisodeGraph, agent_graph
+from mage_rl.graphs import MetaEpisodeGraph
 from mage_rl.policy.chat_model import SeededChatModel
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, record_from_state
@@ -83,14 +87,16 @@ async def play_tasks(
     graph: MetaEpisodeGraph,
     policy: Any,
     cfg: EvalConfig,
-    env_name: str,
+    play: RunConfig,
     jobs: Sequence[tuple[TaskInstance, int]],
     label: str,
     on_done: Callable[[MetaEpisodeRecord], None],
 ) -> None:
-    """Play the (task, rollout) ``jobs`` concurrently; ``on_done`` gets each record as
+    """Play the (task, rollout) ``jobs`` concurrently, in the format of the agent's run
+    config ``play``, with the evaluation's sampling; ``on_done`` gets each record as
     soon as its meta-episode ends."""
     gate = asyncio.Semaphore(cfg.concurrency)
+    env_name = play.env.name
 
     async def one(task: TaskInstance, rollout: int) -> None:
         async with gate:
@@ -99,10 +105,10 @@ async def play_tasks(
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
-                max_tokens=cfg.max_tokens,
+                max_tokens=play.policy.max_tokens,
                 sample_seed=derive_seed("eval-sample", task.seed, rollout),
             )
-            env = make_env(env_name, task.opponent, seat=task.seat, max_turns=cfg.max_turns)
+            env = make_env(env_name, task.opponent, seat=task.seat, max_turns=play.env.max_turns)
             state = await graph.run(env, llm, task_seed=task.seed, opponent=task.opponent)
         record = record_from_state(
             state, task=task, rollout=rollout, env_name=env_name, agent=label
@@ -118,30 +124,24 @@ async def play_tasks(
 
 
 class _Policies:
-    """Each distinct model loaded once; its engine shared by the agents that use it."""
+    """Each distinct model (with its dtype and engine) loaded once; its engine shared by
+    the agents that use it."""
 
-    def __init__(self, cfg: EvalConfig) -> None:
-        self.cfg = cfg
+    def __init__(self) -> None:
         self._loaded: dict[str, Any] = {}
 
-    def get(self, agent: AgentSpec) -> Any:
+    def get(self, agent: AgentSpec, play: RunConfig) -> Any:
+        p = play.policy
         key = f"{agent.model}#{agent.endpoint_model}" if agent.is_endpoint else agent.model
+        key = key if agent.is_endpoint else f"{key}#{p.dtype}#{p.engine}"
         if key not in self._loaded:
             if agent.is_endpoint:
                 from mage_rl.policy.openai_client import OpenAIPolicy
 
                 policy: Any = OpenAIPolicy(agent.model, str(agent.endpoint_model))
             else:
-                from mage_rl.config import PolicyConfig
-                from mage_rl.runtime import build_engine
-
-                log.info("loading model %s", agent.model)
-                settings = {
-                    "model": agent.model,
-                    "dtype": self.cfg.dtype,
-                    "max_batch_size": self.cfg.max_batch_size,
-                }
-                policy = build_engine(PolicyConfig.model_validate(settings))
+                log.info("loading model %s (%s, %s engine)", agent.model, p.dtype, p.engine)
+                policy = runtime.build_engine(p)
             self._loaded[key] = policy
         return self._loaded[key]
 
@@ -187,7 +187,7 @@ def run_evaluation(
                 (t, r) for t in tasks[env] for r in range(cfg.rollouts) if (t.seed, r) not in done
             ]
             plan.append((agent, env, logfile, jobs))
-    policies = _Policies(cfg)
+    policies = _Policies()
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, disable=not progress) as bar:
@@ -210,9 +210,10 @@ def run_evaluation(
                     if on_record is not None:
                         on_record(record)
 
-                graph = agent_graph(agent.style, cfg.graph_options())
-                policy = policies.get(agent)
-                asyncio.run(play_tasks(graph, policy, cfg, env, jobs, agent.label, save))
+                play = cfg.agent_config(agent, env)
+                graph = runtime.build_graph(play)
+                policy = policies.get(agent, play)
+                asyncio.run(play_tasks(graph, policy, cfg, play, jobs, agent.label, save))
     finally:
         policies.close()
     return write_run_report(out, started=started)

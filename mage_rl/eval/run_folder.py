@@ -32,7 +32,7 @@ def tasks_document(cfg: EvalConfig, tasks: dict[str, list[TaskInstance]]) -> dic
     """``tasks.json``: per environment the population and every task instance."""
     out = {}
     for env, items in tasks.items():
-        population = opponent_population(cfg.opponents, env)
+        population = opponent_population(str(cfg.opponents), env)
         out[env] = {
             "population": [
                 [s, float(w)] for s, w in zip(population.specs, population.weights, strict=True)
@@ -59,13 +59,14 @@ def prepare_run_dir(
         saved = json.loads(config_path.read_text())
         old = saved.get("conditions", {})
         new = json.loads(json.dumps(cfg.conditions()))
-        # A condition added after the folder was written counts as its default there.
+        # A condition added after the folder was written counts as its default there;
+        # one no longer shared (a play setting, now recorded per agent) is not compared.
         for f in fields(EvalSettings):
             if f.name in new and f.name not in old and f.default is not MISSING:
                 old[f.name] = f.default
         diffs = [
             f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for key in sorted(set(old) | set(new))
+            for key in sorted(new)
             if old.get(key) != new.get(key)
         ]
         if diffs:
@@ -77,12 +78,27 @@ def prepare_run_dir(
         by_label = {a.label: a for a in saved_agents}
         for agent in cfg.agents:
             prior = by_label.get(agent.label)
-            if prior is not None and prior != agent:
+            if prior is None:
+                continue
+            if (prior.style, prior.model) != (agent.style, agent.model):
                 raise ValueError(
                     f"{out} already has agent {agent.label!r} as {prior.style}={prior.model}, "
                     f"not {agent.style}={agent.model}; give the new one another @LABEL"
                 )
-        agents = saved_agents + [a for a in cfg.agents if a.label not in by_label]
+            changed = [
+                f"{key}: {prior.play.get(key)!r} -> {value!r}"
+                for key, value in agent.play.items()
+                if prior.play and prior.play.get(key) != value
+            ]
+            if changed:
+                raise ValueError(
+                    f"{out} already has agent {agent.label!r}, played with other settings "
+                    f"({'; '.join(changed)}); rerun with its flags to resume it, or give "
+                    "the new one another @LABEL"
+                )
+        current = {a.label: a for a in cfg.agents}
+        agents = [current.get(a.label, a) for a in saved_agents]
+        agents += [a for a in cfg.agents if a.label not in by_label]
         if tasks_path.exists() and json.loads(tasks_path.read_text()) != tasks_doc:
             raise ValueError(
                 f"{tasks_path} lists other task instances than these conditions give; "

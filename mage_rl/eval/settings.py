@@ -47,22 +47,29 @@ def setting(
 
 @dataclass(kw_only=True)
 class EvalSettings:
-    """What every agent of an evaluation shares (see each field's ``help``)."""
+    """What every agent of an evaluation shares (see each field's ``help``).
 
-    envs: list[str] = setting(
-        factory=lambda: ["kuhn_poker"],
+    A field left ``None`` takes its value from the agents' training runs (an agent given
+    as a run folder or a checkpoint inside one; see :mod:`mage_rl.eval.play`), or else
+    the default its help names.
+    """
+
+    envs: list[str] | None = setting(
+        None,
         flag="--env",
         metavar="ENV",
         help="environment, repeatable: kuhn_poker (kuhn), tic_tac_toe (ttt), sokoban, "
-        "scienceworld (sciworld), textworld_express (twx), or one a plugin registers; one column each in the paper's Table 1 layout; default "
-        "kuhn_poker",
+        "scienceworld (sciworld), textworld_express (twx), rock_paper_scissors (rps), or "
+        "one a plugin registers; one column each in the paper's Table 1 layout; default: "
+        "the trained agents' environment, else kuhn_poker",
     )
-    opponents: str = setting(
-        "train",
+    opponents: str | None = setting(
+        None,
         help="opponent set: train (in-distribution: the training populations), unseen "
         "(Kuhn cfr, Tic-Tac-Toe mcts:1000, Sokoban rooms of 1 and 3 boxes, the text "
-        "worlds' test variations), a preset "
-        "(kuhn_train...) or weighted specs",
+        "worlds' test variations), a preset (kuhn_train...) or weighted specs; default: "
+        "the trained agents' population when they trained on the environment evaluated, "
+        "else train",
     )
     n: int = setting(
         32,
@@ -74,69 +81,90 @@ class EvalSettings:
         help="meta-episodes per task instance (above 1 the intervals, which treat "
         "meta-episodes as independent, come out somewhat too narrow)",
     )
-    episodes: int = setting(
-        3, aliases=("-k",), help="K, episodes per meta-episode; success@k for k = 1..K"
+    episodes: int | None = setting(
+        None,
+        aliases=("-k",),
+        help="K, episodes per meta-episode; success@k for k = 1..K (default: the trained "
+        "agents' K, else 3)",
     )
     seed: int = setting(EVAL_SEED, help="base seed of the task instances")
-    seat: str = setting(
-        "sampled",
+    seat: str | None = setting(
+        None,
         help="agent seat: first, second or sampled (drawn from each task seed); "
-        "single-agent environments (Sokoban) always use their one seat",
+        "single-agent environments (Sokoban) always use their one seat (default: the "
+        "trained agents' env.seat, else sampled)",
     )
-    protocol: str = setting(
-        "replay",
+    protocol: str | None = setting(
+        None,
         choices=("replay", "fresh"),
         help="replay: every episode replays one deal/board (paper); fresh: new deal each "
-        "against the same opponent",
-    )
-    stop_on_success: bool = setting(
-        True,
-        help="end a meta-episode at its first win, so success@k is Pass@k (default: on); "
-        "turn off to play all K episodes, e.g. for ev@k",
+        "against the same opponent (default: the trained agents' env.protocol, else replay)",
     )
     temperature: float = setting(EVAL_TEMPERATURE, help="sampling temperature (paper eval: 0.7)")
     top_p: float = setting(EVAL_TOP_P, help="nucleus truncation (paper: 0.8)")
     top_k: int = setting(EVAL_TOP_K, help="top-k truncation (paper: 20; 0: off)")
-    max_tokens: int = setting(
-        96, help="token budget of a play turn; a longer answer is cut and usually invalid"
-    )
-    reflect_max_tokens: int | None = setting(
-        None, help="token budget of a reflect turn (default: 2 x --max-tokens)"
-    )
-    max_turns: int | None = setting(
-        None, help="agent turns per episode, invalid ones included (default: the game's)"
-    )
-    dtype: str = setting(
-        "auto", choices=("auto", "bf16", "fp32"), help="local models' compute dtype"
-    )
     level: float = setting(0.95, help="confidence level of the intervals")
     concurrency: int = setting(
         16, help="meta-episodes in flight at once (their LLM calls share batches)"
     )
     max_batch_size: int = setting(32, help="most requests a local engine decodes together")
-    prompt: str = setting(
-        "standard",
-        choices=("standard", "compact"),
-        help="play-prompt template; evaluate a model with the one it was trained with",
-    )
-    constrain_actions: bool = setting(
-        False,
-        help="constrained decoding on play turns (local models), as policy.constrain_actions "
-        "in training: evaluate a model trained with it the same way",
-    )
-    answer_lead: bool = setting(
-        False,
-        help="with --constrain-actions, answers restate the private fact first, as "
-        "policy.answer_lead in training: evaluate a model trained with it the same way",
-    )
     keep_ids: bool = setting(
         False,
         help="keep every call's token ids and log-probs in records/*.jsonl (from the local "
         "engine, or from an endpoint that returns them: vLLM, mage serve); default: text only",
     )
+    # How an agent plays (mage_rl.eval.play.PLAY_KEYS): unset, a trained agent plays as
+    # its run's config says and any other agent as the defaults below.
+    context: str | None = setting(
+        None,
+        choices=("reflection", "history", "history+reflection", "none"),
+        help="what earlier episodes put into play prompts, as meta.context (default: the "
+        "run's; reflection for other agents; react keeps none)",
+    )
+    layout: str | None = setting(
+        None,
+        choices=("rerendered", "conversation"),
+        help="prompt layout, as meta.layout (default: the run's, else rerendered)",
+    )
+    prompt: str | None = setting(
+        None,
+        choices=("standard", "compact"),
+        help="play-prompt template, as meta.prompt (default: the run's, else standard)",
+    )
+    stop_on_success: bool | None = setting(
+        None,
+        help="end a meta-episode at its first win, so success@k is Pass@k, as "
+        "meta.stop_on_success; turn off to play all K episodes, e.g. for ev@k (default: "
+        "the run's, else on)",
+    )
+    constrain_actions: bool | None = setting(
+        None,
+        help="constrained decoding on play turns (local models), as "
+        "policy.constrain_actions (default: the run's, else off)",
+    )
+    answer_lead: bool | None = setting(
+        None,
+        help="with constrained decoding, answers restate the private fact first, as "
+        "policy.answer_lead (default: the run's, else off)",
+    )
+    max_tokens: int | None = setting(
+        None,
+        help="token budget of a play turn, as policy.max_tokens; reflect turns get twice "
+        "as many (default: the run's, else 96)",
+    )
+    max_turns: int | None = setting(
+        None,
+        help="agent turns per episode, invalid ones included, as env.max_turns (default: "
+        "the run's, else the game's)",
+    )
+    dtype: str | None = setting(
+        None,
+        choices=("auto", "bf16", "fp32"),
+        help="local models' compute dtype, as policy.dtype (default: the run's, else auto)",
+    )
 
 
-_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float}
+_TYPES = {"int": int, "float": float, "str": str}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         common: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
         if meta["metavar"]:
             common["metavar"] = meta["metavar"]
-        kind = str(f.type)  # an annotation string, under `from __future__ import annotations`
+        # An annotation string, under `from __future__ import annotations`.
+        kind = str(f.type).removesuffix(" | None")
         if kind == "bool":
             parser.add_argument(
                 *names, action=argparse.BooleanOptionalAction, default=f.default, **common

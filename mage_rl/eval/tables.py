@@ -9,9 +9,11 @@ oracle's best-fixed and ceiling values.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mage_rl.eval.decisions import decisions_table, episodes_table
+from mage_rl.eval.play import PLAY_KEYS
 
 ENV_TITLES = {
     "kuhn_poker": "Kuhn Poker",
@@ -88,31 +90,95 @@ def _mark(cell: dict[str, Any]) -> str:
     return "" if cell.get("complete", True) else f" ({cell['n']}/{cell['expected']})"
 
 
+def _model_text(agent: dict[str, Any]) -> str:
+    if agent.get("run"):
+        return f"run `{agent['run']}` ({Path(agent['model']).parent.name})"
+    return f"{agent.get('endpoint_model') or agent['model']}"
+
+
 def _conditions_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
     for run in runs:
         c = run["conditions"]
         agents = ", ".join(
-            f"{a['label']} = {a['style']} on {a.get('endpoint_model') or a['model']}"
-            for a in run["agents"]
+            f"{a['label']} = {a['style']} on {_model_text(a)}" for a in run["agents"]
         )
         lines.append(
             f"- `{run['name']}`: {agents}. Opponents `{c['opponents']}`, n = {c['n']} task "
             f"instances x {c['rollouts']} rollout(s) per environment (base seed {c['seed']}, "
-            f"seat {c['seat']}), K = {c['episodes']}, protocol {c['protocol']}, "
-            f"stop_on_success {c['stop_on_success']}; sampling temperature "
-            f"{c['temperature']}, top-p {c['top_p']}, top-k {c['top_k']}; max_tokens "
-            f"{c['max_tokens']} (reflect {c['reflect_max_tokens']}); {c['level']:.0%} "
-            "intervals."
+            f"seat {c['seat']}), K = {c['episodes']}, protocol {c['protocol']}; sampling "
+            f"temperature {c['temperature']}, top-p {c['top_p']}, top-k {c['top_k']}; "
+            f"{c['level']:.0%} intervals."
         )
+    shared = ("opponents", "n", "rollouts", "seed", "seat", "episodes", "protocol")
+    shared += ("temperature", "top_p", "top_k")
+    if len(runs) > 1:
+        for key in shared:
+            values = {run["name"]: run["conditions"].get(key) for run in runs}
+            if len({repr(v) for v in values.values()}) > 1:
+                listed = ", ".join(f"{name}: {v}" for name, v in values.items())
+                lines.append(f"- **The runs differ in {key}** ({listed}).")
     return lines
+
+
+def agent_play(run: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]:
+    """How an agent played: recorded with it, or (older runs) the shared conditions."""
+    if agent.get("play"):
+        return dict(agent["play"])
+    c = run["conditions"]
+    return {"agent": agent["style"]} | {k: c[k] for k in PLAY_KEYS if k in c}
+
+
+def _play_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "game's" if key == "max_turns" else "-"
+    if key == "plugins":
+        return ", ".join(Path(str(v)).name for v in value) or "none"
+    return str(value)
+
+
+def _play_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """How each agent played; the settings in which agents differ get a column each."""
+    rows = [(name, run, a) for name, run, label in agent_rows(runs) for a in run["agents"]
+            if a["label"] == label]  # fmt: skip
+    plays = {name: agent_play(run, a) for name, run, a in rows}
+    keys = [k for k in PLAY_KEYS if any(k in p for p in plays.values())]
+    overridden = {k for _, _, a in rows for k in a.get("overridden", {})}
+    differ = [
+        k
+        for k in keys
+        if len({repr(p.get(k)) for p in plays.values()}) > 1 or k in overridden
+    ]
+    same = [k for k in keys if k not in differ]
+    out = [
+        "",
+        "How each agent plays: a trained agent as its run's config says, unless a flag "
+        "overrides it (marked *value (run: x)*).",
+        "",
+    ]
+    if same:
+        first = next(iter(plays.values()))
+        out += ["All agents: " + ", ".join(f"{k} {_play_value(k, first[k])}" for k in same)]
+        out += [""]
+    table = []
+    for name, _, agent in rows:
+        cells = [name, agent.get("run") or "-"]
+        for key in differ:
+            value = _play_value(key, plays[name].get(key))
+            if key in agent.get("overridden", {}):
+                value = f"*{value} (run: {_play_value(key, agent['overridden'][key])})*"
+            cells.append(value)
+        table.append(cells)
+    return out + _table(["Agent", "trained run", *differ], table, text=2 + len(differ))
 
 
 def render_markdown(runs: Sequence[dict[str, Any]]) -> str:
     """The report's tables as markdown (see the module docstring)."""
     envs = run_envs(runs)
     rows = agent_rows(runs)
-    out = ["# Evaluation", "", *_conditions_lines(runs), ""]
+    out = ["# Evaluation", "", *_conditions_lines(runs), *_play_lines(runs), ""]
     ks = {run["conditions"]["episodes"] for run in runs}
     k_text = f"K = {ks.pop()}" if len(ks) == 1 else "each run's K"
     out += [

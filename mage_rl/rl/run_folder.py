@@ -20,6 +20,7 @@ Rules (docs/training.md, "Checkpoints, resume, interruption"):
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from typing import Any
 import yaml
 
 from mage_rl.fileio import atomic_write_text
+from mage_rl.plugins import ENV_VAR
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +147,7 @@ def check_resume_config(run_dir: Path, new: dict[str, Any], checkpoint: Path) ->
         logger.warning("%s has no %s; cannot check the resumed config", run_dir, CONFIG_FILE)
         return
     saved = _flatten(yaml.safe_load(saved_path.read_text()) or {})
-    fresh = _flatten(new)
+    fresh = _flatten(recorded_config(new))
     # Keys the saved file lacks come from a newer version of this package: compared only
     # when both sides have them.
     changed = [
@@ -165,9 +167,20 @@ def check_resume_config(run_dir: Path, new: dict[str, Any], checkpoint: Path) ->
         )
 
 
+def recorded_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A config as its run folder records it: ``plugins`` lists also those this process
+    loaded from ``--plugin`` or ``$MAGE_RL_PLUGINS``, so the folder names what it needs
+    (``mage eval`` and ``mage serve`` load them from there)."""
+    plugins = list(data.get("plugins") or [])
+    loaded = [p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
+    return {**data, "plugins": plugins + [p for p in loaded if p not in plugins]}
+
+
 def write_run_config(run_dir: Path, data: dict[str, Any]) -> None:
-    """Write ``config.yaml`` (atomically) once the config has passed every check."""
-    atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
+    """Write ``config.yaml`` (atomically) once the config has passed every check, with
+    the plugins the process loaded (:func:`recorded_config`)."""
+    text = yaml.safe_dump(recorded_config(data), sort_keys=False)
+    atomic_write_text(run_dir / CONFIG_FILE, text)
 
 
 def clear_retired(root: Path) -> None:

@@ -227,7 +227,7 @@ def test_opponent_sets_by_name() -> None:
 
 def test_eval_config_checks() -> None:
     cfg = fast_config(envs=["kuhn", "ttt"])
-    assert cfg.envs == ["kuhn_poker", "tic_tac_toe"] and cfg.reflect_max_tokens == 16
+    assert cfg.envs == ["kuhn_poker", "tic_tac_toe"] and cfg.agents[0].play["max_tokens"] == 8
     tasks = eval_tasks(cfg)
     assert [t.seed for t in tasks["kuhn_poker"]] == [t.seed for t in tasks["tic_tac_toe"]]
     with pytest.raises(ValueError, match="top_p=1.5 must be in"):

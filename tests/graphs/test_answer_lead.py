@@ -75,6 +75,9 @@ def test_mage_eval_carries_the_lead_into_the_graph() -> None:
 
     agents = [AgentSpec("mage", "mage", "tiny")]
     cfg = EvalConfig(agents=agents, envs=["kuhn"], n=2, constrain_actions=True, answer_lead=True)
-    assert cfg.graph_options().answer_lead and cfg.conditions()["answer_lead"]
-    with pytest.raises(ValueError, match="answer_lead needs constrain_actions"):
+    from mage_rl.runtime import graph_options
+
+    assert cfg.agents[0].play["answer_lead"]
+    assert graph_options(cfg.agent_config(cfg.agents[0], "kuhn_poker")).answer_lead
+    with pytest.raises(ValueError, match="answer_lead is written by constrained decoding"):
         EvalConfig(agents=agents, envs=["kuhn"], n=2, answer_lead=True)

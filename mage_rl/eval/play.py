@@ -1,0 +1,255 @@
+"""How each agent of ``mage eval`` plays: one run config per agent, read from its run.
+
+An agent whose model is a training run (the run folder, one of its checkpoints, or the
+checkpoint's ``model`` folder) plays in the format it was trained in: the run's
+``config.yaml`` gives its graph, plugins, layout, context, prompt, constrained decoding,
+answer lead, token limit, stop rule, turn limit, dtype and engine (:data:`PLAY_KEYS`). A
+flag of ``mage eval`` overrides the run's value; the override is recorded with the agent
+and listed in the report. An agent without a run plays the flags' values, or
+:func:`play_defaults`.
+
+The shared conditions (environment, opponents, K, protocol, seat) default to the runs'
+values too, when every run agrees (:func:`resolve_conditions`). Every agent is then
+played from a :class:`~mage_rl.config.RunConfig` (:func:`agent_config`), the object
+``mage train`` and ``mage rollout`` build their graphs and engines from, so a setting
+means the same thing in every command.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mage_rl.rl.checkpoint import MODEL_DIR
+from mage_rl.rl.run_folder import CONFIG_FILE, checkpoint_iteration, latest_checkpoint
+
+if TYPE_CHECKING:
+    from mage_rl.config import RunConfig
+    from mage_rl.eval.agents import AgentSpec
+
+PLAY_KEYS: dict[str, str] = {
+    "agent": "meta.agent",
+    "plugins": "plugins",
+    "engine": "policy.engine",
+    "dtype": "policy.dtype",
+    "layout": "meta.layout",
+    "context": "meta.context",
+    "prompt": "meta.prompt",
+    "constrain_actions": "policy.constrain_actions",
+    "answer_lead": "policy.answer_lead",
+    "max_tokens": "policy.max_tokens",
+    "max_turns": "env.max_turns",
+    "stop_on_success": "meta.stop_on_success",
+}
+"""An agent's play settings: their names in ``mage eval`` (a flag where one exists,
+``--max-tokens`` for ``max_tokens``) and the run-config key each one is."""
+
+CONDITION_KEYS: dict[str, str] = {
+    "envs": "env.name",
+    "opponents": "env.population",
+    "episodes": "meta.episodes",
+    "protocol": "env.protocol",
+    "seat": "env.seat",
+}
+"""Shared conditions that default to the agents' runs, and the run-config key of each."""
+
+CONDITION_DEFAULTS: dict[str, Any] = {
+    "envs": ["kuhn_poker"],
+    "opponents": "train",
+    "episodes": 3,
+    "protocol": "replay",
+    "seat": "sampled",
+}
+
+GRAPH_CONTEXT = {"react": "none", "reflexion": "reflection"}
+"""The context these built-in graphs fix whatever they are given."""
+
+
+def play_defaults(style: str) -> dict[str, Any]:
+    """The play settings of an agent that has no training run."""
+    return {
+        "agent": style,
+        "plugins": [],
+        "engine": "local",
+        "dtype": "auto",
+        "layout": "rerendered",
+        "context": GRAPH_CONTEXT.get(style, "reflection"),
+        "prompt": "standard",
+        "constrain_actions": False,
+        "answer_lead": False,
+        "max_tokens": 96,
+        "max_turns": None,
+        "stop_on_success": True,
+    }
+
+
+def get_path(data: dict[str, Any], dotted: str) -> Any:
+    """``get_path({"a": {"b": 1}}, "a.b") == 1``; ``None`` where a key is missing."""
+    node: Any = data
+    for key in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def find_run(model: str) -> tuple[Path, Path] | None:
+    """``(run folder, model folder)`` when ``model`` names a training run, else ``None``.
+
+    A run folder (it holds ``config.yaml``) means its newest complete checkpoint;
+    ``RUN/checkpoints/iter_N`` and ``RUN/checkpoints/iter_N/model`` mean that checkpoint.
+
+    Raises:
+        ValueError: A run folder with no complete checkpoint yet.
+    """
+    if model.startswith(("http://", "https://")):
+        return None
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / CONFIG_FILE).is_file():
+        checkpoint = latest_checkpoint(path)
+        if checkpoint is None:
+            raise ValueError(
+                f"{path} is a training run with no complete checkpoint yet; evaluate it "
+                "after its first checkpoint, or name a model folder"
+            )
+        return path, checkpoint / MODEL_DIR
+    candidates = [(path, path / MODEL_DIR)]
+    if path.name == MODEL_DIR:
+        candidates.append((path.parent, path))
+    for checkpoint, model_dir in candidates:
+        run = checkpoint.parent.parent
+        if (
+            checkpoint_iteration(checkpoint) is not None
+            and checkpoint.parent.name == "checkpoints"
+            and (run / CONFIG_FILE).is_file()
+            and model_dir.is_dir()
+        ):
+            return run, model_dir
+    return None
+
+
+@functools.cache
+def _saved_config(run_dir: str) -> dict[str, Any]:
+    from mage_rl.config import RunConfig, TrainConfig, load_config
+
+    path = Path(run_dir) / CONFIG_FILE
+    try:
+        cfg = load_config(path, cls=TrainConfig)
+    except ValueError as exc:
+        raise ValueError(f"training run {run_dir}: its {CONFIG_FILE} does not load: {exc}") from None
+    data = cfg.model_dump(mode="json")
+    return {key: data[key] for key in RunConfig.model_fields}
+
+
+def run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The play part of a run's saved config (``plugins``, ``env``, ``meta``, ``policy``,
+    ``rollout``) as plain data; loading it loads the run's plugins."""
+    return copy.deepcopy(_saved_config(str(Path(run_dir).resolve())))
+
+
+def run_play(run_dir: str | Path) -> dict[str, Any]:
+    """The play settings (:data:`PLAY_KEYS`) a run was trained with."""
+    data = run_config(run_dir)
+    return {name: get_path(data, key) for name, key in PLAY_KEYS.items()}
+
+
+def resolve_conditions(settings: Any, agents: list[AgentSpec]) -> dict[str, Any]:
+    """The conditions :data:`CONDITION_KEYS` left unset, from the agents' runs.
+
+    Raises:
+        ValueError: Two runs disagree on an unset condition (the message names the flag).
+    """
+    configs = {a.label: run_config(a.run) for a in agents if a.run}
+    out: dict[str, Any] = {}
+    for name, key in CONDITION_KEYS.items():
+        if getattr(settings, name) is not None:
+            continue
+        if name == "opponents":
+            envs = out.get("envs") or settings.envs
+            trained = {get_path(c, "env.name") for c in configs.values()}
+            if list(envs) != sorted(trained):  # the runs' populations play another game
+                out[name] = CONDITION_DEFAULTS[name]
+                continue
+        values = {label: get_path(c, key) for label, c in configs.items()}
+        distinct = {repr(v) for v in values.values()}
+        if len(distinct) > 1:
+            flag = "--env" if name == "envs" else "--" + name
+            listed = ", ".join(f"{label}: {v}" for label, v in values.items())
+            raise ValueError(
+                f"the agents' runs differ in {key} ({listed}); say which to use with {flag}"
+            )
+        if not values:
+            out[name] = copy.deepcopy(CONDITION_DEFAULTS[name])
+        else:
+            value = next(iter(values.values()))
+            out[name] = [value] if name == "envs" else value
+    return out
+
+
+def resolve_play(agent: AgentSpec, settings: Any) -> AgentSpec:
+    """``agent`` with its play settings: its run's (or the defaults), then the flags.
+
+    A flag that changes a run's value is recorded in ``agent.overridden`` (setting ->
+    the run's value), and so is a graph other than the run's. A graph that fixes its
+    context (ReAct, Reflexion) keeps it.
+    """
+    base = run_play(agent.run) if agent.run else play_defaults(agent.style)
+    play, overridden = dict(base), {}
+    if agent.run and agent.style != base["agent"]:
+        play["agent"], overridden["agent"] = agent.style, base["agent"]
+    for name in PLAY_KEYS:
+        value = getattr(settings, name, None)
+        if value is not None and value != base[name]:
+            play[name] = value
+            if agent.run:
+                overridden[name] = base[name]
+    if play["agent"] in GRAPH_CONTEXT:
+        play["context"] = GRAPH_CONTEXT[play["agent"]]
+        overridden.pop("context", None)
+    return replace(agent, play=play, overridden=overridden)
+
+
+def population_text(specs: list[str], weights: list[float]) -> str:
+    """A population as ``env.population`` spells it: ``spec=w,spec=w``."""
+    return ",".join(f"{s}={float(w)!r}" for s, w in zip(specs, weights, strict=True))
+
+
+def agent_config(agent: AgentSpec, env: str, settings: Any, population: str) -> RunConfig:
+    """The run config ``agent`` plays ``env`` from: its run's saved config (or the
+    defaults) with its play settings, the shared conditions, its model, and no
+    exploration (an evaluation samples the policy itself).
+
+    Raises:
+        ValueError: The settings break a rule of the run config (the key is named).
+    """
+    from pydantic import ValidationError
+
+    from mage_rl.config import RunConfig
+    from mage_rl.config_yaml import describe_error, set_path
+    from mage_rl.envs import env_spec
+
+    data = run_config(agent.run) if agent.run else {}
+    data.pop("rollout", None)
+    values = {key: agent.play[name] for name, key in PLAY_KEYS.items()}
+    values |= {
+        "env.name": env,
+        "env.population": population,
+        "env.seat": "first" if env_spec(env).single_agent else settings.seat,
+        "env.protocol": settings.protocol,
+        "meta.episodes": settings.episodes,
+        "policy.model": agent.model,
+        "policy.max_batch_size": settings.max_batch_size,
+        "policy.explore": 0.0,
+    }
+    for key, value in values.items():
+        set_path(data, key, value)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = "\n".join(describe_error(err, RunConfig) for err in exc.errors())
+        raise ValueError(f"agent {agent.label!r} cannot play {env} so:\n{lines}") from None
