@@ -439,30 +439,6 @@ class TrainConfig(RunConfig):
             raise ValueError(
                 "rollout.group_size=1 leaves GiGPO no group baseline; use group_size >= 2"
             )
-        if (choice := self.advantages.choice_update) != "sampled":
-            if not self.policy.constrain_actions:
-                raise ValueError(
-                    f"advantages.choice_update: {choice} acts on the branch points of "
-                    "constrained answers; set policy.constrain_actions: true"
-                )
-            if self.train.backend == "openrlhf":
-                raise ValueError(
-                    f"advantages.choice_update: {choice} needs the embedded learner (the "
-                    "local or Ray backend); OpenRLHF's actor trains the sampled tokens only"
-                )
-            if self.advantages.branch_source == "step" and self.advantages.estimator != "gigpo":
-                raise ValueError(
-                    "advantages.branch_source: step takes GiGPO's step-level advantages; "
-                    "set advantages.estimator: gigpo"
-                )
-        else:
-            for name, default in (("branch_source", "advantage"), ("branch_unseen", "sampled")):
-                if (value := getattr(self.advantages, name)) != default:
-                    raise ValueError(
-                        f"advantages.{name}: {value} shapes the branch-point estimates, "
-                        "which only advantages.choice_update other than sampled uses; set "
-                        f"a choice_update or drop {name}"
-                    )
         if self.eval.stratify and self.meta.stop_on_success:
             raise ValueError(
                 "eval.stratify weighs the last episode of every task, but "

@@ -309,7 +309,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=lambda text: [v for v in text.split(",") if v],
         default=None,
         help="learner settings to compare instead of bf16 vs fp32, comma-separated "
-        "DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]], say fp32:8192,fp32:1024:15",
+        "DTYPE[:MICRO_BATCH_TOKENS], say fp32:8192,fp32:1024",
     )
     _add_common(p)
     p.set_defaults(

@@ -20,7 +20,7 @@ The ratio bf16 / fp32 of tokens per second is the claim. bf16 only pays off on C
 native bf16 instructions (``avx512_bf16``/``amx_bf16``); elsewhere it is emulated.
 
 ``variants`` compares other learner settings the same way: each is
-``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` (say ``fp32:1024:15``), and every
+``DTYPE[:MICRO_BATCH_TOKENS]`` (say ``fp32:1024``), and every
 variant after the first gets its ratio to the first. ``prompt_spread`` draws each
 prompt's length from ``prompt_len +- prompt_spread``, so that micro-batches carry
 padding as real batches do.
@@ -69,8 +69,8 @@ def bench_learner(
             forward pass per micro-batch (training configs use 0.1).
         micro_batch_tokens: Padded tokens per forward pass (training config: 8192).
         variants: Learner settings to compare instead of ``dtypes``:
-            ``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` each (missing parts: the
-            ``micro_batch_tokens`` argument and 0, every layer trained).
+            ``DTYPE[:MICRO_BATCH_TOKENS]`` each (without the second part: the
+            ``micro_batch_tokens`` argument).
         prompt_spread: Prompt lengths are drawn from ``prompt_len +- prompt_spread``.
 
     Returns:
@@ -109,7 +109,7 @@ def bench_learner(
 
     ids: list[tuple[list[int], list[int], float]] | None = None
     results: dict[str, dict[str, Any]] = {}
-    for dtype, (precision, micro, top) in settings.items():
+    for dtype, (precision, micro) in settings.items():
         # A fresh fp32 copy per variant: the learner trains in place and keeps fp32 master
         # weights anyway, so every variant starts from the same weights.
         lm, _ = load_model(model, dtype="fp32")
@@ -126,7 +126,6 @@ def bench_learner(
                 micro_batch_tokens=micro,
                 dtype=precision,
                 seed=seed,
-                train_top_layers=top,
             ),
         )
         unscored = [Sample(p, r, [0.0] * len(r), a) for p, r, a in ids]
@@ -189,20 +188,19 @@ def bench_learner(
     }
 
 
-def _variant(name: str, micro_batch_tokens: int) -> tuple[Any, int, int]:
-    """``DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]]`` -> (dtype, micro, top layers)."""
+def _variant(name: str, micro_batch_tokens: int) -> tuple[Any, int]:
+    """``DTYPE[:MICRO_BATCH_TOKENS]`` -> (dtype, micro-batch tokens)."""
     parts = name.split(":")
     try:
-        if parts[0] not in DTYPES or len(parts) > 3:
+        if parts[0] not in DTYPES or len(parts) > 2:
             raise ValueError
         micro = int(parts[1]) if len(parts) > 1 else micro_batch_tokens
-        top = int(parts[2]) if len(parts) > 2 else 0
     except ValueError:
         raise ValueError(
-            f"learner setting {name!r}: write DTYPE[:MICRO_BATCH_TOKENS[:TRAIN_TOP_LAYERS]] "
-            f"with DTYPE among {list(DTYPES)}, say fp32:1024:15"
+            f"learner setting {name!r}: write DTYPE[:MICRO_BATCH_TOKENS] "
+            f"with DTYPE among {list(DTYPES)}, say fp32:1024"
         ) from None
-    return parts[0], micro, top
+    return parts[0], micro
 
 
 def _synthetic_ids(
@@ -242,7 +240,8 @@ def format_learner_report(result: dict[str, Any]) -> str:
         f"fastest of {cfg['repeats']} timed updates after a warm-up, "
         f"{cfg['torch_threads']} torch threads",
         "",
-        "| dtype[:micro-batch tokens[:top layers]] | autocast | tokens/update | warm-up s | s/update | tokens/s | approx KL "
+        "| dtype[:micro-batch tokens] | autocast | tokens/update | warm-up s | s/update "
+        "| tokens/s | approx KL "
         "| clip frac | CPU cores |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]

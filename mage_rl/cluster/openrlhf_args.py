@@ -113,17 +113,6 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
             "train.backend=openrlhf, whose actor takes a fixed --actor.entropy_coef; set "
             "learner.entropy_target: 0 and a fixed learner.entropy_coef"
         )
-    if learner.entropy_floor > 0:
-        raise ValueError(
-            "learner.entropy_floor (per-position entropy floor) is not available with "
-            "train.backend=openrlhf, whose actor adds the whole entropy; set "
-            "learner.entropy_floor: 0"
-        )
-    if learner.choice_barrier > 0:
-        raise ValueError(
-            "learner.choice_barrier acts on constrained choices, which train.backend=openrlhf "
-            "does not have; set learner.choice_barrier: 0"
-        )
     if learner.lr_warmup_steps > 0:
         raise ValueError(
             "learner.lr_warmup_steps is not available with train.backend=openrlhf, whose "

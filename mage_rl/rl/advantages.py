@@ -50,19 +50,11 @@ Estimator = Literal["gigpo", "grpo"]
 Norm = Literal["mean_norm", "mean_std_norm"]
 AnchorScope = Literal["global", "local"]
 Grouping = Literal["stationary", "mixed"]
-StepPool = Literal["group", "batch"]
-ChoiceUpdate = Literal["sampled", "expected", "natural", "greedy"]
 
 ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
 NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
-STEP_POOLS: tuple[str, ...] = ("group", "batch")
-CHOICE_UPDATES: tuple[str, ...] = ("sampled", "expected", "natural", "greedy")
-BranchSource = Literal["advantage", "step"]
-BRANCH_SOURCES: tuple[str, ...] = ("advantage", "step")
-BranchUnseen = Literal["sampled", "baseline"]
-BRANCH_UNSEEN: tuple[str, ...] = ("sampled", "baseline")
 
 logger = logging.getLogger(__name__)
 
@@ -92,37 +84,6 @@ class AdvantageConfig:
             opponents share baselines.
         omega: Weight of the step-level advantage in ``A = A_E + omega * A_S`` (GiGPO
             eq. 8; 1.0 in the paper). 0 reduces GiGPO to its episode-level part.
-        step_pool: Where step-level anchor groups are formed. ``"group"`` (GiGPO, MAGE):
-            inside one uid group, so a state's baseline comes from the G rollouts of
-            one task. ``"batch"`` (ablation): across the whole batch, so every turn on
-            the same anchor key (observation and, under ``stationary`` grouping, the
-            opponent id) shares one baseline whatever task it came from; with few
-            rollouts per task this gives most turns a baseline of their own state.
-        choice_update: How the learner uses these advantages at the branch points of
-            constrained answers (the positions where more than one token is allowed).
-            ``"sampled"`` (the policy gradient of PPO): the drawn token moves by its
-            turn's advantage. ``"expected"``: every allowed token moves by its own
-            advantage, estimated as the mean advantage of the turns that took it at the
-            same anchor state (:mod:`mage_rl.rl.branch_values`). ``"natural"``: every
-            allowed logit moves by that advantage less the mean (the natural gradient
-            of the softmax over the allowed tokens). ``"greedy"``: the cross-entropy
-            toward the token with the best estimate, weighted by the estimates' gap (a
-            policy-iteration step). Only the embedded trainer (local and Ray backends)
-            supports these.
-        branch_memory: With ``choice_update`` other than ``"sampled"``, the weight ``m ** age`` at
-            which earlier batches stay in those means (0: this batch only); below 1.
-        branch_source: What those means average. ``"advantage"``: each turn's GiGPO
-            advantage ``A_E + omega * A_S``. ``"step"``: its step-level part ``A_S``
-            alone, the comparison with the other turns of its group at the same anchor
-            state; it leaves out the episode-level part, which every turn of a
-            meta-episode shares, so a choice is not credited with how the rest of its
-            meta-episode went.
-        branch_unseen: A branch point where only one allowed token has an estimate.
-            ``"sampled"``: it keeps the sampled PPO term. ``"baseline"``: the tokens
-            never taken there count as 0, the state's baseline (the estimates are
-            centred advantages), so the branch-point update acts from the first visit
-            and an answer that did worse than average there pushes toward the untried
-            one.
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
@@ -131,11 +92,6 @@ class AdvantageConfig:
     anchor: AnchorScope = "global"
     grouping: Grouping = "stationary"
     omega: float = 1.0
-    step_pool: StepPool = "group"
-    choice_update: ChoiceUpdate = "sampled"
-    branch_memory: float = 0.0
-    branch_source: BranchSource = "advantage"
-    branch_unseen: BranchUnseen = "sampled"
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -144,20 +100,12 @@ class AdvantageConfig:
             ("norm", NORMS),
             ("anchor", ANCHOR_SCOPES),
             ("grouping", GROUPINGS),
-            ("step_pool", STEP_POOLS),
-            ("choice_update", CHOICE_UPDATES),
-            ("branch_source", BRANCH_SOURCES),
-            ("branch_unseen", BRANCH_UNSEEN),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"AdvantageConfig.{name} must be one of {allowed}, got {value!r}")
         if self.omega < 0:
             raise ValueError(f"AdvantageConfig.omega must be >= 0, got {self.omega}")
-        if not 0 <= self.branch_memory < 1:
-            raise ValueError(
-                f"AdvantageConfig.branch_memory must be in [0, 1), got {self.branch_memory}"
-            )
         if self.eps <= 0:
             raise ValueError(f"AdvantageConfig.eps must be > 0, got {self.eps}")
 
@@ -274,7 +222,6 @@ def gigpo_advantages(
     norm: Norm = "mean_norm",
     omega: float = 1.0,
     eps: float = 1e-6,
-    step_group_ids: Sequence[Hashable] | None = None,
 ) -> np.ndarray:
     """GiGPO advantage ``A = A_E + omega * A_S`` (GiGPO eq. 8).
 
@@ -286,15 +233,12 @@ def gigpo_advantages(
         norm: ``"mean_norm"`` or ``"mean_std_norm"``.
         omega: Weight of the step-level part.
         eps: Added to the std.
-        step_group_ids: Groups the anchor groups are formed in, when they differ from
-            ``group_ids`` (``AdvantageConfig.step_pool="batch"`` passes one for all).
 
     Returns:
         ``A``, shape ``(N,)``.
     """
     a_episode = episode_level_advantages(scores, group_ids, norm, eps)
-    step_groups = group_ids if step_group_ids is None else step_group_ids
-    a_step = step_level_advantages(returns, step_groups, anchor_keys, norm, eps)
+    a_step = step_level_advantages(returns, group_ids, anchor_keys, norm, eps)
     return a_episode + omega * a_step
 
 
@@ -388,7 +332,7 @@ def compute_advantages(
         ret_cfg: Reward mode, discounts, penalties (defaults: MAGE).
         adv_cfg: Estimator, normalization, anchor scope, grouping (defaults: MAGE).
         step_only: Return GiGPO's step-level part ``A_S`` alone, without the
-            episode-level part or ``omega`` (``advantages.branch_source: step``).
+            episode-level part or ``omega``.
 
     Returns:
         ``advantages[i][j]`` for turn ``j`` of ``records[i]``, aligned with
@@ -418,8 +362,7 @@ def compute_advantages(
         returns.append(g)
         scores.append(s)
         sample_groups.extend([group] * len(record.turns))
-        pool = group if adv_cfg.step_pool == "group" else ""
-        anchors.extend(record_anchor_ids(record, pool, adv_cfg))
+        anchors.extend(record_anchor_ids(record, group, adv_cfg))
     if not sample_groups:
         return [[] for _ in records]
     unanchored = sum(1 for r in records for t in r.turns if t.kind == "play" and not t.anchor)
@@ -430,12 +373,10 @@ def compute_advantages(
             "Set Turn.anchor to the observation the turn acted on.",
             unanchored,
         )
-    step_groups = None if adv_cfg.step_pool == "group" else [""] * len(sample_groups)
     if step_only:
         flat = step_level_advantages(
-            np.concatenate(returns), step_groups or sample_groups, anchors, adv_cfg.norm,
-            adv_cfg.eps,
-        )  # fmt: skip
+            np.concatenate(returns), sample_groups, anchors, adv_cfg.norm, adv_cfg.eps
+        )
     else:
         flat = gigpo_advantages(
             np.concatenate(scores),
@@ -445,7 +386,6 @@ def compute_advantages(
             norm=adv_cfg.norm,
             omega=adv_cfg.omega,
             eps=adv_cfg.eps,
-            step_group_ids=step_groups,
         )
     out: list[list[float]] = []
     start = 0

@@ -30,7 +30,6 @@ from mage_rl.rl.conversation import (
     ConversationSample,
     ConversationTrace,
     Segment,
-    check_branch_advantages,
     record_conversation,
 )
 
@@ -48,9 +47,6 @@ class Sample:
         allowed: For a response sampled with constrained decoding, the allowed token ids
             of every response position (:mod:`mage_rl.policy.constrained`); the learner
             then scores each token under the restricted softmax. Empty: unrestricted.
-        branch_advantages: Per response position, the advantage of each allowed token
-            where the learner takes the expected update (:mod:`mage_rl.rl.branch_values`),
-            an empty list where it keeps the sampled term. Empty: sampled everywhere.
     """
 
     prompt_ids: Sequence[int]
@@ -58,7 +54,6 @@ class Sample:
     old_logprobs: Sequence[float]
     advantage: float
     allowed: Sequence[Sequence[int]] = ()
-    branch_advantages: Sequence[Sequence[float]] = ()
 
     @classmethod
     def coerce(cls, item: Any) -> Sample:
@@ -100,9 +95,6 @@ class Sample:
                         f"sample {index}: response token {j} ({token}) is not in its allowed "
                         f"set {list(ids)}; the record does not match constrained decoding"
                     )
-        check_branch_advantages(
-            f"sample {index}", self.allowed, self.branch_advantages, len(self.response_ids)
-        )
 
     @property
     def length(self) -> int:
@@ -172,7 +164,6 @@ class _Row:
     old_logprobs: list[float]
     advantages: list[float]
     allowed: list[list[int]]
-    branch: list[list[float]]  # per trained token: allowed tokens' advantages, or []
 
 
 def _row(sample: TrainingSample) -> _Row:
@@ -185,25 +176,22 @@ def _row(sample: TrainingSample) -> _Row:
             old_logprobs=list(sample.old_logprobs),
             advantages=[float(sample.advantage)] * r,
             allowed=[list(a) for a in sample.allowed] if sample.allowed else [],
-            branch=[list(v) for v in sample.branch_advantages] or [[]] * r,
         )
     positions: list[int] = []
     old: list[float] = []
     advantages: list[float] = []
     allowed: list[list[int]] = []
-    branch: list[list[float]] = []
     constrained = any(seg.allowed for seg in sample.segments)
     for seg in sample.segments:
         positions.extend(range(seg.start - 1, seg.end - 1))
         old.extend(float(x) for x in seg.old_logprobs)
         advantages.extend([float(seg.advantage)] * seg.length)
-        branch.extend([list(v) for v in seg.branch_advantages] or [[]] * seg.length)
         if constrained:
             # A free segment next to constrained ones: empty sets mean unrestricted.
             sets = seg.allowed or [[]] * seg.length
             allowed.extend(list(a) for a in sets)
     ids = list(sample.ids[: sample.length])
-    return _Row(ids, positions, old, advantages, allowed, branch)
+    return _Row(ids, positions, old, advantages, allowed)
 
 
 def coerce_sample(item: Any) -> TrainingSample:
@@ -216,7 +204,6 @@ def coerce_sample(item: Any) -> TrainingSample:
 def samples_from_records(
     records: Sequence[MetaEpisodeRecord],
     advantages: Sequence[Sequence[float]],
-    branch: Sequence[Sequence[Sequence[Sequence[float]]]] | None = None,
 ) -> list[TrainingSample]:
     """Pair every trained turn with its advantage (from
     :func:`~mage_rl.rl.advantages.compute_advantages`).
@@ -230,29 +217,22 @@ def samples_from_records(
     :class:`ConversationSample` for the turns its segments cover, followed by a
     :class:`Sample` for each turn it does not cover.
 
-    ``branch`` (from :meth:`~mage_rl.rl.branch_values.BranchValues.annotate`) gives, per
-    record and turn, the rows of branch advantages of its samples.
-
     Raises:
         ValueError: If the shapes disagree or a turn carries no token ids or log-probs
             (remote backends that return text only cannot be trained on).
     """
     if len(records) != len(advantages):
         raise ValueError(f"got {len(records)} records but {len(advantages)} advantage lists")
-    rows = branch if branch is not None else [None] * len(records)
-    if len(rows) != len(records):
-        raise ValueError(f"got {len(records)} records but {len(rows)} branch annotations")
     return [
         sample
-        for record, advs, per_turn in zip(records, advantages, rows, strict=True)
-        for sample, _ in record_samples(record, advs, per_turn)
+        for record, advs in zip(records, advantages, strict=True)
+        for sample, _ in record_samples(record, advs)
     ]
 
 
 def record_samples(
     record: MetaEpisodeRecord,
     advantages: Sequence[float],
-    branch: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> list[tuple[TrainingSample, list[int]]]:
     """One record's samples (see :func:`samples_from_records`), each with the turns it trains.
 
@@ -265,12 +245,6 @@ def record_samples(
             f"record {record.uid!r} (rollout {record.rollout}) has {len(record.turns)} "
             f"turns but {len(advantages)} advantages"
         )
-    branch = branch if branch is not None else [()] * len(record.turns)
-    if len(branch) != len(record.turns):
-        raise ValueError(
-            f"record {record.uid!r} has {len(record.turns)} turns but {len(branch)} rows "
-            "of branch advantages"
-        )
     for j, turn in enumerate(record.turns):
         if turn.trained:
             _check_turn_tokens(record, j, turn)
@@ -278,18 +252,13 @@ def record_samples(
     trace = record_conversation(record)
     covered: set[int] = set()
     if trace is not None:
-        conversation = conversation_sample(trace, record.turns, advantages, record.uid, branch)
+        conversation = conversation_sample(trace, record.turns, advantages, record.uid)
         out.append((conversation, [turn for _, _, turn in trace.segments]))
         covered = set(out[0][1])
     for j, (turn, adv) in enumerate(zip(record.turns, advantages, strict=True)):
         if j not in covered and turn.trained:
             sample = Sample(
-                turn.prompt_ids,
-                turn.response_ids,
-                turn.logprobs,
-                float(adv),
-                turn.allowed,
-                branch[j],
+                turn.prompt_ids, turn.response_ids, turn.logprobs, float(adv), turn.allowed
             )
             out.append((sample, [j]))
     return out
@@ -300,7 +269,6 @@ def conversation_sample(
     turns: Sequence[Turn],
     advantages: Sequence[float],
     uid: str = "",
-    branch: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> ConversationSample:
     """The training sequence of a meta-episode recorded in the conversation layout.
 
@@ -311,7 +279,6 @@ def conversation_sample(
             allowed sets come from the turn.
         advantages: One advantage per turn (all of ``turns``, covered or not).
         uid: The record's uid, for error messages.
-        branch: Per turn, its rows of branch advantages (empty: sampled everywhere).
 
     Returns:
         A :class:`ConversationSample` with one segment per trace segment, in order.
@@ -339,10 +306,8 @@ def conversation_sample(
                 "with the ids exactly as sampled, one segment per call"
             )
         if turn.trained:  # an untrained call stays in the context, masked out of the loss
-            rows = branch[j] if branch is not None else ()
-            segments.append(
-                Segment(start, end, turn.logprobs, float(advantages[j]), turn.allowed, rows)
-            )
+            advantage = float(advantages[j])
+            segments.append(Segment(start, end, turn.logprobs, advantage, turn.allowed))
     return ConversationSample(trace.ids, segments)
 
 
@@ -376,9 +341,6 @@ class MicroBatch:
         conversation: Whether a row is a :class:`ConversationSample`: the learner then
             asks the model for the logits of ``positions`` only, since most positions of
             a conversation are context between segments.
-        branch_advantages: Advantage of each allowed token at the positions trained
-            with the expected update, ``(B, R, A)`` float32 aligned with
-            ``allowed_index``, NaN elsewhere; ``None`` when no position is.
     """
 
     input_ids: torch.Tensor
@@ -391,7 +353,6 @@ class MicroBatch:
     min_prompt_len: int
     allowed_index: torch.Tensor | None = None
     conversation: bool = False
-    branch_advantages: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -413,13 +374,11 @@ class MicroBatch:
             )
         }
         allowed = None if self.allowed_index is None else self.allowed_index.to(device)
-        branch = None if self.branch_advantages is None else self.branch_advantages.to(device)
         return MicroBatch(
             **moved,
             min_prompt_len=self.min_prompt_len,
             allowed_index=allowed,
             conversation=self.conversation,
-            branch_advantages=branch,
         )
 
 
@@ -464,17 +423,4 @@ def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
         min_prompt_len=min(r.positions[0] + 1 if r.positions else len(r.input_ids) for r in rows),
         allowed_index=index,
         conversation=any(isinstance(s, ConversationSample) for s in samples),
-        branch_advantages=_branch_tensor(rows, index),
     )
-
-
-def _branch_tensor(rows: Sequence[_Row], index: torch.Tensor | None) -> torch.Tensor | None:
-    """``(B, R, A)`` branch advantages aligned with ``index``, NaN where none; or ``None``."""
-    if index is None or not any(values for r in rows for values in r.branch):
-        return None
-    out = torch.full(index.shape, float("nan"), dtype=torch.float32)
-    for b, row in enumerate(rows):
-        for j, values in enumerate(row.branch):
-            if values:
-                out[b, j, : len(values)] = torch.tensor(values, dtype=torch.float32)
-    return out

@@ -98,28 +98,6 @@ def record_conversation(record: Any) -> ConversationTrace | None:
     )
 
 
-def check_branch_advantages(
-    where: str,
-    allowed: Sequence[Sequence[int]],
-    branch_advantages: Sequence[Sequence[float]],
-    length: int,
-) -> None:
-    """Raise ``ValueError`` unless ``branch_advantages`` lines up with the allowed sets."""
-    if not branch_advantages:
-        return
-    if len(branch_advantages) != length:
-        raise ValueError(
-            f"{where} has {length} response tokens but {len(branch_advantages)} rows of "
-            "branch advantages; give one row per token (empty where the token is sampled)"
-        )
-    for j, values in enumerate(branch_advantages):
-        if values and (not allowed or len(values) != len(allowed[j])):
-            raise ValueError(
-                f"{where}: token {j} has {len(values)} branch advantages but "
-                f"{len(allowed[j]) if allowed else 0} allowed tokens; they must pair up"
-            )
-
-
 @dataclass(frozen=True)
 class Segment:
     """One assistant response inside a :class:`ConversationSample`.
@@ -132,9 +110,6 @@ class Segment:
         advantage: The call's advantage, applied to each of its tokens.
         allowed: Allowed ids of every position when the call used constrained
             decoding; empty otherwise.
-        branch_advantages: Per position, the advantage of each allowed token where the
-            learner takes the expected update there (:mod:`mage_rl.rl.branch_values`),
-            an empty list where it keeps the sampled term; empty: sampled everywhere.
     """
 
     start: int
@@ -142,7 +117,6 @@ class Segment:
     old_logprobs: Sequence[float]
     advantage: float
     allowed: Sequence[Sequence[int]] = ()
-    branch_advantages: Sequence[Sequence[float]] = ()
 
     @property
     def length(self) -> int:
@@ -230,4 +204,3 @@ class ConversationSample:
                             f"{where}: token {j} ({token}) is not in its allowed set "
                             f"{list(ids)}; the record does not match constrained decoding"
                         )
-            check_branch_advantages(where, seg.allowed, seg.branch_advantages, seg.length)

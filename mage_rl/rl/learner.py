@@ -51,12 +51,9 @@ from mage_rl.rl.batching import (
     collate,
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
-from mage_rl.rl.freezing import train_only_top_layers
 from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import (
-    choice_barrier,
     entropy_from_logits,
-    expected_branch_loss,
     gather_logprobs,
     kl_penalty,
     policy_loss,
@@ -142,8 +139,6 @@ class Learner(LearnerCheckpoints):
         # The entropy bonus's weight now: config.entropy_coef, or adapted after each
         # update when config.entropy_target is set.
         self.entropy_coef = self.config.entropy_coef
-        # How branch advantages enter the loss (advantages.choice_update; the trainer sets it).
-        self.branch_mode = "expected"
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
         if self.ref_model is not None:
@@ -176,8 +171,6 @@ class Learner(LearnerCheckpoints):
         elif any(p.dtype != torch.float32 for p in model.parameters()):
             logger.info("casting the policy to float32 master weights")
             model = model.float()
-        if cfg.train_top_layers:
-            train_only_top_layers(model, cfg.train_top_layers)
         return model.eval()
 
     def _make_reference(self, ref_model: nn.Module | None) -> nn.Module | None:
@@ -315,8 +308,7 @@ class Learner(LearnerCheckpoints):
 
         Returns:
             Loss terms and statistics, each a token sum divided by ``num_tokens``:
-            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``,
-            ``branch_frac`` (trained with the expected update), and
+            ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``, ``approx_kl``, and
             ``free_frac``, the share of response tokens where more than one token was
             allowed (1 without constrained decoding).
         """
@@ -329,33 +321,21 @@ class Learner(LearnerCheckpoints):
             batch = collate([items[i] for i in group]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
-            branch = None
-            if batch.branch_advantages is not None and batch.allowed_index is not None:
-                branch = expected_branch_loss(
-                    logits, batch.allowed_index, batch.branch_advantages, self.branch_mode
-                )
             pg_loss, pg_stats = policy_loss(
-                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total, branch
+                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
             )
             loss = pg_loss
             if self.entropy_coef > 0:
-                per_token = entropy_from_logits(logits, batch.allowed_index)
-                entropy = token_mean(per_token, batch.mask, total)
-                if cfg.entropy_floor > 0:
-                    bonus = token_mean(per_token.clamp(max=cfg.entropy_floor), batch.mask, total)
-                else:
-                    bonus = entropy
-                loss = loss - self.entropy_coef * bonus
+                entropy = token_mean(
+                    entropy_from_logits(logits, batch.allowed_index), batch.mask, total
+                )
+                loss = loss - self.entropy_coef * entropy
                 entropy = entropy.detach()
             else:
                 with torch.no_grad():
                     entropy = token_mean(
                         entropy_from_logits(logits.detach(), batch.allowed_index), batch.mask, total
                     )
-            if cfg.choice_barrier > 0:
-                b = choice_barrier(logits, batch.allowed_index, cfg.choice_floor, batch.mask, total)
-                loss = loss + cfg.choice_barrier * b  # b: the barrier term's token mean
-                stats["choice_barrier"] += b.item()
             if cfg.kl_coef > 0:
                 ref_logp = self._reference_logprobs(batch, temp)
                 kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
@@ -389,18 +369,17 @@ class Learner(LearnerCheckpoints):
 
         Returns:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
-            ``approx_kl``, ``branch_frac``, ``choice_barrier`` (token-weighted means over
-            all mini-batches), ``grad_norm`` (mean pre-clip norm over optimizer steps),
-            ``steps``, ``skipped_steps`` (non-finite gradients), ``tokens`` (response tokens
-            trained on), ``tokens_per_s`` (prompt and response tokens through the learner
-            per second), ``entropy_free`` (the mean entropy of the positions where more than
-            one token was allowed; ``entropy`` without constrained decoding) and
-            ``entropy_coef`` (the entropy bonus's weight during this update).
+            ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm`` (mean
+            pre-clip norm over optimizer steps), ``steps``, ``skipped_steps`` (non-finite
+            gradients), ``tokens`` (response tokens trained on), ``tokens_per_s`` (prompt
+            and response tokens through the learner per second), ``entropy_free`` (the mean
+            entropy of the positions where more than one token was allowed; ``entropy``
+            without constrained decoding) and ``entropy_coef`` (the entropy bonus's weight
+            during this update).
         """
         cfg = self.config
         items = self._prepare_samples(samples)
-        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "branch_frac",
-                "choice_barrier")  # fmt: skip
+        keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
         counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s")
         result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
         result["entropy_coef"] = self.entropy_coef

@@ -63,25 +63,6 @@ class LearnerConfig:
             choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
             the target is in nats per choice, whatever the length of the forced text
             around it, and a two-way choice can reach up to ln 2.
-        entropy_floor: Per-position entropy floor when > 0 (nats): the bonus counts each
-            response position's entropy only up to this value, so it pushes up the
-            positions whose distribution is nearly settled and leaves the others alone.
-            A mean entropy can sit at its target while most choices have turned
-            deterministic and a few stay random; the floor keeps every choice at least
-            this stochastic (0.2 nats is about a 95/5 split of a two-way choice). Works
-            with a fixed ``entropy_coef`` or with ``entropy_target``, which still reads
-            the unclipped mean. 0 counts every position's whole entropy.
-        choice_barrier: Weight of the log-barrier at the constrained choices when > 0:
-            at every position where several tokens are allowed, the loss adds
-            ``choice_barrier * KL(uniform || pi)`` over the allowed tokens, i.e.
-            ``-mean_a log pi(a) - log n`` (Agarwal et al., arXiv 1908.00261). Its pull on
-            an answer's logit is ``choice_barrier * (1/n - pi(a))``: it does not vanish
-            as ``pi(a)`` goes to 0, where the policy gradient and the entropy bonus do,
-            so an answer the model's prior starves comes back. 0 adds nothing.
-        choice_floor: With ``choice_barrier``: pull up only the allowed tokens whose
-            probability is below this floor (``mean_a max(0, log floor - log pi(a))``),
-            so the barrier keeps every answer in the samples and is silent above the
-            floor. 0: the whole ``KL(uniform || pi)``, a pull toward uniform everywhere.
         entropy_coef_step: Change of the adaptive weight per update.
         entropy_coef_max: Upper bound of the adaptive weight.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
@@ -111,10 +92,6 @@ class LearnerConfig:
         lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
         lora_target_modules: Module names that get adapters (all attention and MLP
             projections of Llama/Qwen-style models by default).
-        train_top_layers: Full fine-tuning of only the last N decoder blocks and the
-            final norm (an untied output head stays trained too); the embeddings and the
-            blocks below are frozen, so the backward pass stops at block N from the top.
-            0 trains every weight. Not combined with ``lora``.
     """
 
     lr: float = 1e-6
@@ -128,9 +105,6 @@ class LearnerConfig:
     entropy_coef: float = 0.001
     entropy_target: float = 0.0
     entropy_target_positions: str = "all"
-    entropy_floor: float = 0.0
-    choice_barrier: float = 0.0
-    choice_floor: float = 0.0
     entropy_coef_step: float = 0.01
     entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
@@ -146,7 +120,6 @@ class LearnerConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    train_top_layers: int = 0
 
     def __post_init__(self) -> None:
         positive = ("lr", "adam_eps", "clip_eps", "temperature")
@@ -158,14 +131,11 @@ class LearnerConfig:
             "kl_coef",
             "entropy_coef",
             "entropy_target",
-            "entropy_floor",
-            "choice_barrier",
             "entropy_coef_step",
             "entropy_coef_max",
             "max_grad_norm",
             "lora_dropout",
             "lr_warmup_steps",
-            "train_top_layers",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -177,10 +147,6 @@ class LearnerConfig:
             raise ValueError(
                 f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
             )
-        if not 0 <= self.choice_floor < 1:
-            raise ValueError(
-                f"LearnerConfig.choice_floor must be in [0, 1), got {self.choice_floor}"
-            )
         if self.entropy_target_positions not in ("all", "free"):
             raise ValueError(
                 "LearnerConfig.entropy_target_positions must be 'all' or 'free', got "
@@ -190,11 +156,6 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"LearnerConfig.betas must be two values in [0, 1), got {self.betas}")
-        if self.lora and self.train_top_layers:
-            raise ValueError(
-                "LearnerConfig.train_top_layers and lora exclude each other: LoRA already "
-                "trains only its adapters; set one of them"
-            )
         if self.lora and not self.lora_target_modules:
             raise ValueError(
                 "LearnerConfig.lora_target_modules is empty; name the modules to adapt"

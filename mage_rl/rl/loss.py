@@ -20,7 +20,6 @@ normalized the same way, so statistics also add up across micro-batches.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -57,14 +56,12 @@ def policy_loss(
     mask: torch.Tensor,
     clip_eps: float = 0.2,
     num_tokens: float | torch.Tensor | None = None,
-    branch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip surrogate with token-mean aggregation (PPO eq. 7; SPEC §6).
 
     Per token, with ``ratio = exp(logprobs - old_logprobs)``:
     ``loss = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, averaged over the valid
-    tokens (see the module docstring for ``num_tokens``). Where ``branch`` (from
-    :func:`expected_branch_loss`) is active, its per-token loss replaces that term.
+    tokens (see the module docstring for ``num_tokens``).
 
     Args:
         logprobs: Log-probs of the sampled tokens under the current policy, ``(B, T)``.
@@ -74,14 +71,12 @@ def policy_loss(
         mask: 1 for valid response tokens, ``(B, T)``.
         clip_eps: PPO clip range epsilon.
         num_tokens: Token-mean denominator (defaults to ``mask.sum()``).
-        branch: Optional ``(per_token_loss, active)`` of the expected update, ``(B, T)``.
 
     Returns:
         ``(loss, stats)``: the scalar loss and detached statistics, each normalized by the
         same denominator: ``clip_frac`` (fraction of tokens where the clipped term is the
-        active one), ``approx_kl`` (k1 estimate of KL(old || new),
-        ``mean(old_logprobs - logprobs)``) and ``branch_frac`` (fraction of tokens
-        trained with the expected update).
+        active one) and ``approx_kl`` (k1 estimate of KL(old || new),
+        ``mean(old_logprobs - logprobs)``).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # (B,) -> (B, 1), broadcast over tokens
@@ -92,84 +87,13 @@ def policy_loss(
     surr_clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
     per_token = -torch.min(surr_unclipped, surr_clipped)
     clipped = (surr_clipped < surr_unclipped).detach()
-    active = torch.zeros_like(clipped)
-    if branch is not None:
-        branch_loss, active = branch
-        per_token = torch.where(active, branch_loss.to(per_token.dtype), per_token)
-        clipped = clipped & ~active
     loss = token_mean(per_token, mask, num_tokens)
     with torch.no_grad():
         stats = {
             "clip_frac": token_mean(clipped.to(logprobs.dtype), mask, num_tokens),
             "approx_kl": token_mean(-log_ratio.detach(), mask, num_tokens),
-            "branch_frac": token_mean(active.to(logprobs.dtype), mask, num_tokens),
         }
     return loss, stats
-
-
-def expected_branch_loss(
-    logits: torch.Tensor,
-    allowed_index: torch.Tensor,
-    branch_advantages: torch.Tensor,
-    mode: str = "expected",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss of the expected update over the allowed tokens of a branch point.
-
-    A position is *active* when its row of ``branch_advantages`` holds at least two
-    finite values (:mod:`mage_rl.rl.branch_values`). There, with ``pi`` the restricted
-    softmax over the allowed tokens, a token without an estimate takes ``V``, the
-    ``pi``-weighted mean of the estimated ones (``pi`` detached), and
-    ``loss = -sum_a pi(a) * (A(a) - V)``: zero in value, and its gradient is
-    ``-sum_a grad pi(a) * A(a)``, the all-action policy gradient (the sampled token's
-    own advantage does not enter). Inactive positions get 0.
-
-    ``mode="natural"``: each allowed logit ``z_a`` moves by its advantage instead, less
-    the mean over the allowed tokens: ``loss = -sum_a z_a * (A(a) - mean_b A(b))`` (the
-    natural policy gradient of a softmax over the allowed tokens, whose step in logit
-    space is the advantage itself; Kakade 2001, Agarwal et al. 2021, arXiv 1908.00261).
-    Its push does not shrink as ``pi`` saturates.
-
-    ``mode="greedy"``: the cross-entropy toward the estimated best token ``a*``,
-    weighted by the gap between the best and worst estimates,
-    ``loss = -(max A - min A) * log pi(a*)`` (a policy-iteration step: its push is
-    ``(1 - pi(a*))`` times the gap, large where the policy takes the wrong token and
-    zero once it takes the right one).
-
-    Args:
-        logits: ``(B, T, V)``, already divided by the sampling temperature.
-        allowed_index: ``(B, T, A)`` allowed ids padded with -1.
-        branch_advantages: ``(B, T, A)`` advantages aligned with ``allowed_index``,
-            NaN where a token has no estimate.
-        mode: ``"expected"``, ``"natural"`` or ``"greedy"``.
-
-    Returns:
-        ``(per_token_loss, active)``, both ``(B, T)``.
-    """
-    sub, restricted = _restricted_logits(logits.float(), allowed_index)
-    probs = torch.softmax(sub, dim=-1)  # 0 on padding
-    adv = branch_advantages.to(probs.device, probs.dtype)
-    known = torch.isfinite(adv) & (allowed_index.to(probs.device) >= 0)
-    active = restricted & (known.sum(-1) >= 2)
-    adv = torch.where(known, adv, torch.zeros_like(adv))
-    weights = probs.detach() * known
-    value = (weights * adv).sum(-1, keepdim=True) / weights.sum(-1, keepdim=True).clamp(min=1e-12)
-    filled = torch.where(known, adv, value)
-    if mode == "greedy":
-        best = torch.where(known, adv, torch.full_like(adv, -torch.inf))
-        worst = torch.where(known, adv, torch.full_like(adv, torch.inf)).amin(-1)
-        top, arg = best.max(-1)
-        logp = torch.log_softmax(sub, dim=-1).gather(-1, arg.unsqueeze(-1)).squeeze(-1)
-        gap = torch.where(active, top - worst, torch.zeros_like(top))
-        per_token = -gap * logp
-    elif mode == "natural":
-        valid = allowed_index.to(probs.device) >= 0
-        count = valid.sum(-1, keepdim=True).clamp(min=1)
-        mean = (filled * valid).sum(-1, keepdim=True) / count
-        logit = torch.where(valid, sub, torch.zeros_like(sub))
-        per_token = -(logit * (filled - mean) * valid).sum(-1)
-    else:
-        per_token = -(probs * (filled - value)).sum(-1)
-    return torch.where(active, per_token, torch.zeros_like(per_token)), active
 
 
 def kl_penalty(
@@ -227,49 +151,6 @@ def entropy_from_logits(
     sub_probs = torch.softmax(sub, dim=-1)
     sub_entropy = torch.logsumexp(sub, dim=-1) - (sub_probs * sub.clamp(min=-1e30)).sum(dim=-1)
     return torch.where(restricted, sub_entropy, entropy)
-
-
-def choice_barrier(
-    logits: torch.Tensor,
-    allowed_index: torch.Tensor | None,
-    floor: float = 0.0,
-    mask: torch.Tensor | None = None,
-    num_tokens: float | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The log-barrier at each position with several allowed tokens.
-
-    With ``floor = 0``: ``KL(uniform || pi) = -mean_a log pi(a) - log n`` over the ``n >= 2``
-    allowed tokens (the log-barrier of Agarwal et al., arXiv 1908.00261, shifted to be 0
-    at the uniform distribution). With ``floor > 0``: ``mean_a max(0, log floor - log
-    pi(a))``, which only pulls up the tokens whose probability is below the floor and is
-    0 once every allowed token has at least ``floor``. 0 at every other position.
-
-    Args:
-        logits: ``(B, T, V)``, already divided by the sampling temperature.
-        allowed_index: ``(B, T, A)`` allowed token ids padded with -1, or ``None``.
-        floor: The probability below which a token is pulled up; 0: every token, toward
-            uniform.
-        mask, num_tokens: With ``mask``, return the :func:`token_mean` of the values
-            instead (over ``num_tokens``, see there).
-
-    Returns:
-        ``(B, T)``, or the scalar token mean when ``mask`` is given.
-    """
-    if allowed_index is None:
-        value = logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
-        return value if mask is None else token_mean(value, mask, num_tokens)
-    sub, restricted = _restricted_logits(logits.float(), allowed_index)
-    valid = allowed_index.to(logits.device) >= 0
-    count = valid.sum(-1)  # (B, T)
-    logp = sub - torch.logsumexp(sub, dim=-1, keepdim=True)
-    n = count.clamp(min=1).float()
-    if floor > 0:
-        below = (math.log(floor) - logp).clamp(min=0.0).masked_fill(~valid, 0.0)
-        value = below.sum(-1) / n
-    else:
-        value = -(logp.masked_fill(~valid, 0.0)).sum(-1) / n - torch.log(n)
-    value = torch.where(restricted & (count >= 2), value, torch.zeros_like(value))
-    return value if mask is None else token_mean(value, mask, num_tokens)
 
 
 def gather_logprobs(

@@ -35,7 +35,6 @@ from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
-from mage_rl.rl.branch_values import BranchValues
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
 from mage_rl.rl.run_folder import (
     STATE_FILE,
@@ -124,16 +123,10 @@ class Trainer:
         if cfg.policy.explore > 0 and cfg.policy.explore_ratio == "policy":
             self.recompute_old_logprobs = True
         self.start_iteration = 0
-        # Unless choice_update is "sampled": the running estimates of the branch points.
-        choice = cfg.advantages.choice_update
-        self.branch_values = BranchValues(cfg.advantages) if choice != "sampled" else None
-        self.learner.branch_mode = choice
         if checkpoint is not None:
             self.learner.load(checkpoint)
             state = json.loads((checkpoint / STATE_FILE).read_text())
             self.start_iteration = int(state["iteration"])
-            if self.branch_values is not None and "branch_values" in state:
-                self.branch_values.load_state_dict(state["branch_values"])
             logger.info("resumed from %s (iteration %d)", checkpoint, self.start_iteration)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         self.graph = runtime.build_graph(cfg)
@@ -161,16 +154,7 @@ class Trainer:
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
         advantages = compute_advantages(records, self.cfg.returns, self.cfg.advantages)
-        branch = None
-        if self.branch_values is not None:
-            source = advantages
-            if self.cfg.advantages.branch_source == "step":
-                source = compute_advantages(
-                    records, self.cfg.returns, self.cfg.advantages, step_only=True
-                )
-            self.branch_values.observe(records, source)
-            branch = self.branch_values.annotate(records)
-        samples = samples_from_records(records, advantages, branch)
+        samples = samples_from_records(records, advantages)
         if self.recompute_old_logprobs:
             # Sampled from the exploration mixture: the old log-probs are the mixture's.
             explore = self.cfg.policy.explore if self.cfg.policy.explore_ratio == "exact" else 0.0
@@ -206,10 +190,7 @@ class Trainer:
         # model/ is a complete HF model (merged with LoRA): servable as it is.
         self.tokenizer.save_pretrained(path / "model")
         # Written last: its presence is what makes the checkpoint complete.
-        state: dict[str, Any] = {"iteration": iteration}
-        if self.branch_values is not None:
-            state["branch_values"] = self.branch_values.state_dict()
-        atomic_write_json(path / STATE_FILE, state)
+        atomic_write_json(path / STATE_FILE, {"iteration": iteration})
         retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
 
@@ -333,10 +314,8 @@ class Trainer:
             "entropy",
             "entropy_free",
             "entropy_coef",
-            "choice_barrier",
             "clip_frac",
             "approx_kl",
-            "branch_frac",
             "grad_norm",
         ):
             if key in stats:

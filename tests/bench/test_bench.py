@@ -105,17 +105,17 @@ def test_bench_learner_reports_each_dtype_and_the_ratio() -> None:
 
 
 def test_bench_learner_compares_learner_settings() -> None:
-    variants = ["fp32:64", "fp32:16:1"]
+    variants = ["fp32:64", "fp32:16"]
     result = bench_learner(
         model="tiny", samples=4, prompt_len=16, response_len=4, repeats=1, kl_coef=0.0,
         variants=variants, prompt_spread=6,
     )  # fmt: skip
-    assert list(result["dtypes"]) == variants and list(result["ratios"]) == ["fp32:16:1/fp32:64"]
+    assert list(result["dtypes"]) == variants and list(result["ratios"]) == ["fp32:16/fp32:64"]
     tokens = {d["tokens_per_update"] for d in result["dtypes"].values()}
     assert len(tokens) == 1 and tokens != {4 * (16 + 4)}  # the same ids, varied lengths
     assert 4 * (10 + 4) <= tokens.pop() <= 4 * (22 + 4)
     report = format_learner_report(result)
-    assert "| fp32:16:1 |" in report and "fp32:16:1 / fp32:64:" in report
+    assert "| fp32:16 |" in report and "fp32:16 / fp32:64:" in report
 
 
 def test_bench_learner_rejects_bad_settings() -> None:
@@ -123,6 +123,8 @@ def test_bench_learner_rejects_bad_settings() -> None:
         bench_learner(model="tiny", dtypes=("fp16",))
     with pytest.raises(ValueError, match="learner setting 'fp32:many'"):
         bench_learner(model="tiny", variants=["fp32:many"])
+    with pytest.raises(ValueError, match="learner setting 'fp32:16:1'"):
+        bench_learner(model="tiny", variants=["fp32:16:1"])
     with pytest.raises(ValueError, match="distinct"):
         bench_learner(model="tiny", variants=["fp32", "fp32"])
     with pytest.raises(ValueError, match="samples must be >= 1"):

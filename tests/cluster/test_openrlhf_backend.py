@@ -74,8 +74,6 @@ def test_every_flag_is_one_openrlhf_knows(model_dir: Path, tmp_path: Path) -> No
         ("learner.dtype=fp32", "bf16"),
         ("policy.constrain_actions=true", "constrain_actions"),
         ("learner.entropy_target=0.05", "entropy_target"),
-        ("learner.entropy_floor=0.2", "entropy_floor"),
-        ("learner.choice_barrier=1.0", "choice_barrier"),
         ("learner.lr_warmup_steps=2", "lr_warmup_steps"),
     ],
 )

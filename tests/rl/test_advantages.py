@@ -103,6 +103,18 @@ def test_compute_advantages_on_records_by_hand() -> None:
     np.testing.assert_allclose(adv[1], [10 - m + 2, -m - 10, -m - 8])
 
 
+def test_step_only_is_the_step_level_part_alone() -> None:
+    cfg = AdvantageConfig(omega=2.0)
+    step = compute_advantages([REC_A, REC_B], adv_cfg=cfg, step_only=True)
+    both = compute_advantages([REC_A, REC_B], adv_cfg=cfg)
+    episode = compute_advantages([REC_A, REC_B], adv_cfg=AdvantageConfig(omega=0.0))
+    for s, b, e in zip(step, both, episode, strict=True):
+        np.testing.assert_allclose(s, (np.array(b) - np.array(e)) / 2.0)
+    assert any(abs(x) > 1e-9 for row in step for x in row)
+    with pytest.raises(ValueError, match="gigpo"):
+        compute_advantages([REC_A], adv_cfg=AdvantageConfig(estimator="grpo"), step_only=True)
+
+
 def test_local_anchor_differs_from_global() -> None:
     # Local anchors split "s0" by episode: e0 = {a0: 2, b0: 10} mean 6 -> [-4, 4];
     # e1 = {a2: 20, b2: 0} mean 10 -> [10, -10]; reflections are all in episode 1 (unchanged).
@@ -134,27 +146,6 @@ def test_stationary_vs_mixed_grouping() -> None:
     m = 30 / 9
     np.testing.assert_allclose(mixed[2], [-10 - m + (2 - 9), -m + (20 - 40 / 3), 20 - m + (20 - 9)])
     np.testing.assert_allclose(mixed[1], [10 - m + (10 - 9), -m + (0 - 40 / 3), -m + (0 - 9)])
-
-
-def test_batch_step_pool_shares_baselines_across_tasks() -> None:
-    # Rollout D: another task (seed 8) against the same opponent, R = [-10, 10] (G = [2,
-    # 20, 20] as C above); rollout E: that task against another opponent.
-    rec_d = make_record("aggressive", 0, [(-10.0, ["s0"]), (10.0, ["s0"])])
-    rec_d.seed, rec_d.uid = 8, group_id(ENV, 8, "aggressive", SEAT)
-    rec_e = make_record("conservative", 0, [(10.0, ["s0"]), (10.0, ["s0"])])
-    rec_e.seed, rec_e.uid = 8, group_id(ENV, 8, "conservative", SEAT)
-    records = [REC_A, REC_B, rec_d, rec_e]
-    pooled = compute_advantages(records, ReturnConfig(), AdvantageConfig(step_pool="batch"))
-    # A_E is unchanged (D is alone in its group: S = [-10, 0, 20], mean 10/3). The anchor
-    # "s0" against the aggressive opponent now pools A, B and D: {2, 20, 10, 0, 2, 20},
-    # mean 9; the reflections {20, 0, 20}, mean 40/3. E keeps its own opponent's anchors:
-    # {10, 0} mean 5, and its reflection is alone.
-    m = 10 / 3
-    np.testing.assert_allclose(pooled[0], [-10 - m + (2 - 9), -m + (20 - 40 / 3), 20 - m + 11])
-    np.testing.assert_allclose(pooled[2], [-10 - m - 7, -m + (20 - 40 / 3), 20 - m + 11])
-    np.testing.assert_allclose(pooled[3], [10 - m + 5, -m, -m - 5])
-    per_task = compute_advantages(records, ReturnConfig(), AdvantageConfig())
-    np.testing.assert_allclose(per_task[0], compute_advantages([REC_A, REC_B])[0])
 
 
 def test_stationary_rejects_group_with_two_opponents() -> None:
@@ -254,3 +245,27 @@ def test_bad_config_raises() -> None:
         AdvantageConfig(estimator="ppo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="omega"):
         AdvantageConfig(omega=-1.0)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "advantages.step_pool=batch",
+        "advantages.choice_update=expected",
+        "advantages.branch_memory=0.5",
+        "advantages.branch_source=step",
+        "advantages.branch_unseen=baseline",
+        "learner.entropy_floor=0.2",
+        "learner.train_top_layers=1",
+        "learner.choice_barrier=1.0",
+        "learner.choice_floor=0.05",
+    ],
+)
+def test_retired_settings_are_unknown_keys(setting: str) -> None:
+    from pathlib import Path
+
+    from mage_rl.config import TrainConfig, load_config
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "kuhn_tiny.yaml"
+    with pytest.raises(ValueError, match=f"{setting.split('=')[0]}: unknown key"):
+        load_config(config, [setting], TrainConfig)

@@ -171,40 +171,6 @@ def test_lora_trains_only_adapters_and_merges() -> None:
         )
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_train_top_layers_updates_only_the_top_blocks(tied: bool) -> None:
-    model = make_model()  # Qwen3's default: an output head of its own
-    if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    learner = Learner(model, fp32(lr=1e-2, train_top_layers=1))
-    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
-    samples = on_policy_samples(learner, [1.0, -1.0] * 4)
-    first = learner.update(samples)
-    assert first["steps"] == 1
-    changed = {n for n, p in learner.model.named_parameters() if not torch.equal(p, before[n])}
-    assert any(n.startswith("model.layers.1.") for n in changed)
-    assert "model.norm.weight" in changed
-    assert not any(n.startswith(("model.layers.0.", "model.embed_tokens")) for n in changed)
-    assert ("lm_head.weight" in changed) is not tied
-    # The frozen part keeps no gradients and the top block still learns: the positive
-    # samples' log-probs rise over a few updates.
-    assert all(p.grad is None for n, p in learner.model.named_parameters() if "layers.0." in n)
-    for _ in range(5):
-        learner.update(samples)
-    after = learner.compute_logprobs(samples)
-    gain = [sum(a) - sum(s.old_logprobs) for a, s in zip(after, samples, strict=True)]
-    assert sum(gain[0::2]) > 0 > sum(gain[1::2])
-
-
-def test_train_top_layers_refuses_what_it_cannot_do() -> None:
-    with pytest.raises(ValueError, match="the model has 2 decoder blocks"):
-        Learner(make_model(), fp32(train_top_layers=3))
-    with pytest.raises(ValueError, match="exclude each other"):
-        fp32(train_top_layers=1, lora=True)
-    with pytest.raises(ValueError, match="train_top_layers must be >= 0"):
-        fp32(train_top_layers=-1)
-
-
 def test_kl_reference_is_a_frozen_copy() -> None:
     learner = Learner(make_model(), fp32(lr=1e-2, kl_coef=0.1))
     assert learner.ref_model is not None and learner.ref_model is not learner.model
@@ -248,31 +214,6 @@ def test_adaptive_entropy_weight_follows_the_target(tmp_path: Path) -> None:
     fixed = Learner(make_model(), fp32(entropy_coef=0.3))
     fixed.update(samples)
     assert fixed.entropy_coef == 0.3
-
-
-def test_entropy_floor_pushes_only_the_positions_below_it() -> None:
-    model = make_model()
-    samples = on_policy_samples(Learner(copy.deepcopy(model), fp32()), [0.0] * 6)
-
-    def grads(**kwargs: object) -> tuple[dict[str, float], list[torch.Tensor]]:
-        learner = Learner(copy.deepcopy(model), fp32(entropy_coef=0.5, **kwargs))
-        stats = learner.accumulate_gradients(samples)
-        return stats, [p.grad.clone() for p in learner.model.parameters()]
-
-    plain_stats, plain = grads()
-    # A floor above every position's entropy (at most ln VOCAB) changes nothing.
-    high_stats, high = grads(entropy_floor=2 * math.log(VOCAB))
-    for a, b in zip(plain, high, strict=True):
-        torch.testing.assert_close(b, a)
-    # A floor below every position's entropy: no advantage and no push, so no gradient,
-    # while the reported entropy is still the whole mean.
-    low_stats, low = grads(entropy_floor=1e-3)
-    assert max(g.abs().max().item() for g in plain) > 1e-4
-    assert max(g.abs().max().item() for g in low) == 0.0
-    assert low_stats["entropy"] == pytest.approx(plain_stats["entropy"])
-    assert high_stats["entropy"] == pytest.approx(plain_stats["entropy"])
-    with pytest.raises(ValueError, match="entropy_floor"):
-        fp32(entropy_floor=-0.1)
 
 
 def test_learning_rate_warms_up_linearly_and_resumes_on_schedule(tmp_path: Path) -> None:
