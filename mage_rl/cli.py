@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from mage_rl.console import console, error, heading, notice
+
 log = logging.getLogger("mage_rl")
-console = Console()
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Command] = {}
@@ -159,10 +159,10 @@ def _bayes_values(population: object) -> dict[str, dict[str, dict[int, float]]]:
 def _cmd_opponents(args: argparse.Namespace) -> int:
     from mage_rl.envs import POPULATION_PRESETS, available_opponents
 
-    console.print("[bold]Opponents[/bold] (spec strings for configs):")
+    heading("Opponents (spec strings for configs):")
     for usage in available_opponents(args.game):
         console.print(f"  {usage}")
-    console.print("[bold]Population presets[/bold]:")
+    heading("Population presets:")
     for name in POPULATION_PRESETS.names():
         pop = POPULATION_PRESETS[name]
         members = ", ".join(f"{s}={w:.3g}" for s, w in zip(pop.specs, pop.weights, strict=True))
@@ -279,9 +279,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         result = trainer.run()
     except KeyboardInterrupt:
-        console.print(
-            f"[yellow]interrupted[/yellow]; resume with: mage train {args.config} "
-            f"--resume --run-dir {run_dir}"
+        notice(
+            "interrupted", f"; resume with: mage train {args.config} --resume --run-dir {run_dir}"
         )
         return 130
     evaluation = result.pop("eval") or {}
@@ -295,7 +294,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
         console.print(f"evaluation ({evaluation['n']} meta-episodes, K={k}): {line}")
     for line in verdict:
-        console.print(line, markup=False)
+        console.print(line)
     for key, value in result.items():
         console.print(f"{key}: {value}")
     return 0
@@ -452,7 +451,7 @@ def _load_plugins(argv: Sequence[str] | None) -> int:
         load_entry_point_plugins()
         load_plugins(known.plugin)
     except PluginError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         return 2
     export_plugins(known.plugin)
     return 0
@@ -471,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         return 2
 
 

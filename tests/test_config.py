@@ -105,3 +105,15 @@ def test_the_conversation_layout_refuses_episodes_without_memory() -> None:
     with pytest.raises(ValueError, match="meta.layout: rerendered"):
         load_config(None, base, TrainConfig)
     assert load_config(None, [*base, "meta.layout=rerendered"], TrainConfig).meta.context == "none"
+
+
+def test_error_text_reaches_the_terminal_as_written(tmp_path: Path, capsys) -> None:
+    """User text is not read as console markup ([...]) or emoji codes (:name:)."""
+    from mage_rl.cli import main
+
+    path = tmp_path / "x.yaml"
+    path.write_text("policy: {model: tiny}\n")
+    assert main(["train", str(path), "--set", "meta.agent='[str, Any]'"]) == 2
+    assert main(["train", str(path), "--set", "env.population=treasure:door:1"]) == 2
+    out = capsys.readouterr().out
+    assert "error:" in out and "'[str, Any]'" in out and "treasure:door:1" in out

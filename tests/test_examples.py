@@ -30,12 +30,10 @@ def test_planner_agent_trains_from_its_yaml(tmp_path: Path) -> None:
 
 def test_pennies_plugin_environment_trains_and_evaluates(tmp_path: Path) -> None:
     _train(EXAMPLES / "pennies_tiny.yaml", tmp_path / "pennies", "--set", "eval.tasks=0")
-    checkpoint = tmp_path / "pennies" / "checkpoints" / "iter_000001" / "model"
     out = tmp_path / "eval"
-    code = main(["--plugin", str(EXAMPLES / "pennies.py"), "eval", "--agent",
-                 f"mage={checkpoint}", "--env", "pennies", "--opponents", "unseen",
-                 "--seat", "first", "--n", "2", "--constrain-actions", "--max-tokens", "12",
-                 "--out", str(out), "--no-progress"])  # fmt: skip
+    # As docs/extending.md: the run folder brings its plugin, game, seat and decoding.
+    code = main(["eval", "--agent", f"mage={tmp_path / 'pennies'}", "--opponents", "unseen",
+                 "--n", "2", "--out", str(out), "--no-progress"])  # fmt: skip
     assert code == 0
     records = (out / "records").rglob("*.jsonl")
     turns = [t for f in records for line in f.read_text().splitlines()

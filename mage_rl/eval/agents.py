@@ -99,7 +99,10 @@ def parse_agents(
             elif style != trained:
                 log.warning(
                     "agent %s: %s was trained as %r; it plays the %r graph here, as asked",
-                    label or style, run, trained, style,
+                    label or style,
+                    run,
+                    trained,
+                    style,
                 )
             model = model_dir
         if style not in AGENT_GRAPHS:

@@ -13,13 +13,12 @@ import argparse
 import logging
 from pathlib import Path
 
-from rich.console import Console
 from rich.markdown import Markdown
 
+from mage_rl.console import console, error, notice
 from mage_rl.eval.settings import add_arguments
 
 log = logging.getLogger(__name__)
-console = Console()
 
 AGENT_HELP = (
     "agent to evaluate, repeatable: STYLE[=MODEL][@LABEL]. STYLE is react, reflexion or "
@@ -46,13 +45,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     try:
         run_evaluation(cfg, args.out, progress=not args.no_progress)
     except KeyboardInterrupt:
-        console.print(
-            f"[yellow]interrupted[/yellow]; finished meta-episodes are saved in {args.out}. "
-            "Rerun the same command to resume."
+        notice(
+            "interrupted",
+            f"; finished meta-episodes are saved in {args.out}. Rerun the same command to resume.",
         )
         return 130
     except RuntimeError as exc:  # endpoint unreachable or failing, engine closed
-        console.print(f"[red]error:[/red] {exc}")
+        error(exc)
         console.print(f"finished meta-episodes are saved; rerun to resume in {args.out}")
         return 2
     out = Path(args.out)

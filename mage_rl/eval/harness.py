@@ -38,7 +38,7 @@ from typing import Any
 
 from mage_rl import runtime
 from mage_rl.config import RunConfig
-from mage_rl.envs import derive_seed, make_env
+from mage_rl.envs import derive_seed
 from mage_rl.eval.agents import STYLES, AgentSpec, parse_agents
 from mage_rl.eval.conditions import (
     GAME_SHORT,
@@ -57,9 +57,9 @@ from mage_rl.eval.run_folder import (
     tasks_document,
 )
 from mage_rl.graphs import MetaEpisodeGraph
-from mage_rl.policy.chat_model import SeededChatModel
+from mage_rl.policy.chat_model import PolicyChatModel, seeded
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance, record_from_state
+from mage_rl.rl.rollout import TaskInstance, collect_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -94,29 +94,24 @@ async def play_tasks(
 ) -> None:
     """Play the (task, rollout) ``jobs`` concurrently, in the format of the agent's run
     config ``play``, with the evaluation's sampling; ``on_done`` gets each record as
-    soon as its meta-episode ends."""
-    gate = asyncio.Semaphore(cfg.concurrency)
-    env_name = play.env.name
+    soon as its meta-episode ends.
 
-    async def one(task: TaskInstance, rollout: int) -> None:
-        async with gate:
-            llm = SeededChatModel(
-                policy=policy,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                max_tokens=play.policy.max_tokens,
-                sample_seed=derive_seed("eval-sample", task.seed, rollout),
-            )
-            env = make_env(env_name, task.opponent, seat=task.seat, max_turns=play.env.max_turns)
-            state = await graph.run(env, llm, task_seed=task.seed, opponent=task.opponent)
-        record = record_from_state(
-            state, task=task, rollout=rollout, env_name=env_name, agent=label
-        )
-        on_done(record)
-
+    The loop is training's (:func:`~mage_rl.rl.rollout.collect_rollouts`); each
+    meta-episode samples from its own stream, seeded by (task seed, rollout) alone, so
+    every agent meets common random numbers."""
+    llm = PolicyChatModel(
+        policy=policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+        max_tokens=play.policy.max_tokens,
+    )  # fmt: skip
     try:
-        await asyncio.gather(*(one(t, r) for t, r in jobs))
+        await collect_rollouts(
+            graph, llm, env_name=play.env.name, tasks=(), group_size=1,
+            concurrency=cfg.concurrency, max_turns=play.env.max_turns, on_done=on_done,
+            jobs=jobs, agent=label,
+            chat_for=lambda task, rollout: seeded(
+                llm, derive_seed("eval-sample", task.seed, rollout)
+            ),
+        )  # fmt: skip
     finally:
         aclose = getattr(policy, "aclose", None)
         if aclose is not None:  # endpoint clients belong to this event loop

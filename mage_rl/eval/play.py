@@ -141,7 +141,9 @@ def _saved_config(run_dir: str) -> dict[str, Any]:
     try:
         cfg = load_config(path, cls=TrainConfig)
     except ValueError as exc:
-        raise ValueError(f"training run {run_dir}: its {CONFIG_FILE} does not load: {exc}") from None
+        raise ValueError(
+            f"training run {run_dir}: its {CONFIG_FILE} does not load: {exc}"
+        ) from None
     data = cfg.model_dump(mode="json")
     return {key: data[key] for key in RunConfig.model_fields}
 

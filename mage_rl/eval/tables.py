@@ -147,9 +147,7 @@ def _play_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
     keys = [k for k in PLAY_KEYS if any(k in p for p in plays.values())]
     overridden = {k for _, _, a in rows for k in a.get("overridden", {})}
     differ = [
-        k
-        for k in keys
-        if len({repr(p.get(k)) for p in plays.values()}) > 1 or k in overridden
+        k for k in keys if len({repr(p.get(k)) for p in plays.values()}) > 1 or k in overridden
     ]
     same = [k for k in keys if k not in differ]
     out = [

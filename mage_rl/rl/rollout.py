@@ -103,8 +103,12 @@ async def collect_rollouts(
     concurrency: int = 16,
     max_turns: int | None = None,
     on_done: Callable[[MetaEpisodeRecord], None] | None = None,
+    jobs: Sequence[tuple[TaskInstance, int]] | None = None,
+    chat_for: Callable[[TaskInstance, int], BaseChatModel] | None = None,
+    agent: str | None = None,
 ) -> list[MetaEpisodeRecord]:
-    """Play ``len(tasks) x group_size`` meta-episodes concurrently.
+    """Play ``len(tasks) x group_size`` meta-episodes concurrently: the one play loop of
+    training rollouts, ``mage rollout`` and ``mage eval``.
 
     Args:
         graph: The agent's meta-episode graph.
@@ -115,15 +119,23 @@ async def collect_rollouts(
         concurrency: Meta-episodes in flight at once.
         max_turns: Override of the environment's turns per episode.
         on_done: Called with each record as it finishes (progress bars, streaming).
+        jobs: The (task, rollout) pairs to play instead of every task x ``group_size``
+            (an evaluation resuming skips the finished ones).
+        chat_for: The chat model of one meta-episode (an evaluation seeds its own
+            streams); default: ``llm`` with one seeded stream per meta-episode.
+        agent: The name its records carry (default: the graph's).
 
     Returns:
-        Records ordered by (task, rollout), whatever order they finished in.
+        Records ordered as the jobs (by task, then rollout), whatever order they
+        finished in.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     gate = asyncio.Semaphore(concurrency)
 
     def chat(task: TaskInstance, rollout: int) -> BaseChatModel:
+        if chat_for is not None:
+            return chat_for(task, rollout)
         # A policy chat model without a fixed seed gets one stream per meta-episode, so
         # that a batch's samples do not depend on the order in which concurrent
         # meta-episodes reach the engine: same weights and seeds, same records.
@@ -139,14 +151,14 @@ async def collect_rollouts(
                 env, chat(task, rollout), task_seed=task.seed, opponent=task.opponent
             )
         record = record_from_state(
-            state, task=task, rollout=rollout, env_name=env_name, agent=graph.name
+            state, task=task, rollout=rollout, env_name=env_name, agent=agent or graph.name
         )
         if on_done:
             on_done(record)
         return record
 
-    jobs = [one(t, r) for t in tasks for r in range(group_size)]
-    return list(await asyncio.gather(*jobs))
+    pairs = jobs if jobs is not None else [(t, r) for t in tasks for r in range(group_size)]
+    return list(await asyncio.gather(*(one(t, r) for t, r in pairs)))
 
 
 def write_jsonl(records: Iterable[MetaEpisodeRecord], path: str | Path) -> Path:

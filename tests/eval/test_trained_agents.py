@@ -22,7 +22,7 @@ from mage_rl.eval.agents import parse_agents
 from mage_rl.eval.play import find_run
 from mage_rl.plugins import ENV_VAR
 
-AGENT = '''
+AGENT = """
 from mage_rl.graphs import build_meta_episode_graph, register_agent
 from mage_rl.nodes.conversation import conversation_call
 from mage_rl.nodes.core import play_prompt
@@ -38,7 +38,7 @@ async def note(state, runtime):
 
 register_agent("noter", lambda options: build_meta_episode_graph(
     options, before={"play": ("note", note)}, name="noter"))
-'''
+"""
 
 CONFIG = """
 env: {name: rps, population: rps_train}
@@ -106,7 +106,9 @@ def test_eval_plays_the_training_format_and_lists_an_override(
     # The conditions come from the run: its game, its population, its K.
     cond = config["conditions"]
     assert (cond["envs"], cond["opponents"], cond["episodes"]) == (
-        ["rock_paper_scissors"], "rps_train", 2
+        ["rock_paper_scissors"],
+        "rps_train",
+        2,
     )
     (agent,) = config["agents"]
     assert {k: agent["play"][k] for k in TRAINED_PLAY} == TRAINED_PLAY
@@ -145,4 +147,3 @@ def test_eval_plays_the_training_format_and_lists_an_override(
 
         agents_again = parse_agents([f"noter={trained}"], "tiny")
         run_evaluation(EvalConfig(agents=agents_again, n=2, max_tokens=20), out, progress=False)
-
