@@ -161,7 +161,8 @@ def load_agent(run: str | Path, overrides: Sequence[str] = ()) -> TrainedAgent:
     from mage_rl import runtime
     from mage_rl.config import RunConfig
     from mage_rl.config_yaml import parse_overrides, set_path
-    from mage_rl.eval.play import find_run, run_config
+    from mage_rl.eval.play import run_config
+    from mage_rl.rl.run_folder import find_run
 
     found = find_run(str(run))
     if found is None:

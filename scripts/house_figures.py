@@ -45,7 +45,10 @@ def _imports(tree: ast.AST, module: str) -> tuple[set[str], set[str]]:
                 if child.level:
                     package = module.split(".")[: len(module.split(".")) - child.level + 1]
                     base = ".".join([*package[:-1], base] if base else package[:-1])
-                names = [base] + [f"{base}.{a.name}" for a in child.names]
+                # "from mage_rl import runtime" imports the submodule; the package
+                # itself counts only when a name comes from it.
+                names = [f"{base}.{a.name}" for a in child.names]
+                names += [f"{base}#" + a.name for a in child.names]
             for name in names:
                 if name.startswith("mage_rl"):
                     (inner if in_function else top).add(name)
@@ -98,10 +101,21 @@ def figures(repo: Path) -> dict[str, object]:
     lines = sum(len(f.read_text().splitlines()) for f in files)
     graph: dict[str, set[str]] = {}
     inner_count = 0
+
+    def resolve(names: set[str]) -> set[str]:
+        out = set()
+        for name in names:
+            base, sep, attr = name.partition("#")
+            if not sep:
+                out.add(name)
+            elif f"{base}.{attr}" not in modules:
+                out.add(base)  # a name defined in the module ``base``
+        return {n for n in out if n in modules}
+
     for name, path in modules.items():
-        top, inner = _imports(ast.parse(path.read_text()), name)
-        inner_count += len({i for i in inner if i in modules})
-        graph[name] = {i for i in top | inner if i in modules and i != name}
+        top, inner = (resolve(s) for s in _imports(ast.parse(path.read_text()), name))
+        inner_count += len(inner - top)
+        graph[name] = {i for i in top | inner if i != name}
     tracked = subprocess.run(
         ["git", "-C", str(repo), "ls-files", "docs"], capture_output=True, text=True, check=True
     )

@@ -1,10 +1,11 @@
 """The package's module graph: no import cycles, no module a newcomer cannot hold in mind.
 
-Edges are the imports a module runs when it is imported (module level, outside
-``if TYPE_CHECKING:``); imports inside functions are deliberate late imports (heavy or
-optional dependencies) and are not edges. An import of a package's submodule is an edge
-to that submodule only: Python runs the package's ``__init__`` first, and a package that
-imports its own submodules is not a cycle between modules.
+Edges are every import a module makes, at module level or inside a function (only
+``if TYPE_CHECKING:`` blocks, which never run, are left out): a late import hides a
+dependency, it does not remove it, so it may defer a heavy or optional dependency but
+not close a cycle. An import of a package's submodule is an edge to that submodule
+only: Python runs the package's ``__init__`` first, and a package that imports its own
+submodules is not a cycle between modules.
 """
 
 from __future__ import annotations
@@ -32,30 +33,27 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     found: list[ast.Import | ast.ImportFrom] = []
 
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                found.append(node)
-            elif isinstance(node, ast.If) and not _is_type_checking(node):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            elif not (isinstance(child, ast.If) and _is_type_checking(child)):
+                visit(child)
 
-    visit(tree.body)
+    visit(tree)
     return found
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the ``mage_rl`` modules it imports at import time."""
+    """Module -> the ``mage_rl`` modules it imports, anywhere in its code."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _top_level_imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
-
+from mage_rl.bench.learning_cli import add_learning_parser
 from mage_rl.bench.rollout import POPULATIONS
+from mage_rl.bench.threads import apply_threads
+from mage_rl.console import console
 
 log = logging.getLogger(__name__)
-console = Console()
 
 BENCHMARKS = (
     "rollout",
@@ -40,29 +40,6 @@ BENCHMARKS = (
     "reuse",
     "layouts",
 )
-
-
-def apply_threads(threads: int | None) -> int:
-    """Give torch ``threads`` intra-op threads for the rest of the process.
-
-    Set before any model is built, the count holds in every thread torch starts later
-    (the engine's decoding thread included). ``None`` keeps torch's default, one thread
-    per core. Ray rollout workers (``train.backend=ray``) run in their own processes with
-    one thread each whatever this says.
-
-    Returns:
-        The thread count torch now uses.
-
-    Raises:
-        ValueError: On a count below 1.
-    """
-    import torch
-
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads {threads}: give a thread count >= 1")
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -450,8 +427,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
     _add_common(p, json=False)
     p.set_defaults(func=_cmd_adaptation)
-
-    from mage_rl.bench.learning_cli import add_learning_parser
 
     add_learning_parser(benches, _add_common)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mage_rl.envs.registry import ENVS, canonical_game
+from mage_rl.envs.names import ENVS, canonical_game
 from mage_rl.registry import PLUGIN_HINT
 
 

@@ -72,7 +72,8 @@ def parse_agents(
     Raises:
         ValueError: An unknown style, ``endpoint`` without a URL, or two equal labels.
     """
-    from mage_rl.eval.play import find_run, run_play
+    from mage_rl.eval.play import run_play
+    from mage_rl.rl.run_folder import find_run
 
     if not texts:
         raise ValueError("no agent to evaluate; pass e.g. --agent react --agent reflexion")

@@ -23,8 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mage_rl.rl.checkpoint import MODEL_DIR
-from mage_rl.rl.run_folder import CONFIG_FILE, checkpoint_iteration, latest_checkpoint
+from mage_rl.rl.run_folder import CONFIG_FILE
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig
@@ -96,56 +95,27 @@ def get_path(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def find_run(model: str) -> tuple[Path, Path] | None:
-    """``(run folder, model folder)`` when ``model`` names a training run, else ``None``.
-
-    A run folder (it holds ``config.yaml``) means its newest complete checkpoint;
-    ``RUN/checkpoints/iter_N`` and ``RUN/checkpoints/iter_N/model`` mean that checkpoint.
-
-    Raises:
-        ValueError: A run folder with no complete checkpoint yet.
-    """
-    if model.startswith(("http://", "https://")):
-        return None
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return None
-    if (path / CONFIG_FILE).is_file():
-        checkpoint = latest_checkpoint(path)
-        if checkpoint is None:
-            raise ValueError(
-                f"{path} is a training run with no complete checkpoint yet; evaluate it "
-                "after its first checkpoint, or name a model folder"
-            )
-        return path, checkpoint / MODEL_DIR
-    candidates = [(path, path / MODEL_DIR)]
-    if path.name == MODEL_DIR:
-        candidates.append((path.parent, path))
-    for checkpoint, model_dir in candidates:
-        run = checkpoint.parent.parent
-        if (
-            checkpoint_iteration(checkpoint) is not None
-            and checkpoint.parent.name == "checkpoints"
-            and (run / CONFIG_FILE).is_file()
-            and model_dir.is_dir()
-        ):
-            return run, model_dir
-    return None
-
-
 @functools.cache
 def _saved_config(run_dir: str) -> dict[str, Any]:
-    from mage_rl.config import RunConfig, TrainConfig, load_config
+    from pydantic import ValidationError
+
+    from mage_rl.config import RunConfig
+    from mage_rl.config_yaml import BASE_DIR_KEY, describe_error, read_yaml
 
     path = Path(run_dir) / CONFIG_FILE
+    raw = read_yaml(path)
+    # Only the sections that say how the agent plays; the training sections of an older
+    # run may name settings this version no longer has, and play does not need them.
+    data = {key: raw[key] for key in RunConfig.model_fields if key in raw}
+    data[BASE_DIR_KEY] = run_dir
     try:
-        cfg = load_config(path, cls=TrainConfig)
-    except ValueError as exc:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = "\n".join(describe_error(err, RunConfig) for err in exc.errors())
         raise ValueError(
-            f"training run {run_dir}: its {CONFIG_FILE} does not load: {exc}"
+            f"training run {run_dir}: its {CONFIG_FILE} does not load:\n{lines}"
         ) from None
-    data = cfg.model_dump(mode="json")
-    return {key: data[key] for key in RunConfig.model_fields}
+    return cfg.model_dump(mode="json")
 
 
 def run_config(run_dir: str | Path) -> dict[str, Any]:

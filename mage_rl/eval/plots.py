@@ -11,10 +11,14 @@ from mage_rl.eval.tables import ENV_TITLES, agent_rows, result_cell, run_envs, s
 
 def _plot_lines(ax: Any, series: Sequence[tuple[str, list[dict[str, Any]]]]) -> None:
     for i, (name, ests) in enumerate(series):
-        ks = [k + 1 for k, e in enumerate(ests) if e["mean"] is not None]
-        means = [e["mean"] for e in ests if e["mean"] is not None]
-        lows = [m - e["low"] for m, e in zip(means, ests, strict=False)]
-        highs = [e["high"] - m for m, e in zip(means, ests, strict=False)]
+        shown = [(k + 1, e) for k, e in enumerate(ests) if e["mean"] is not None]
+        ks = [k for k, _ in shown]
+        means = [e["mean"] for _, e in shown]
+        # An interval's ends are the estimate's own; rounding may put one a hair inside.
+        lows = [max(0.0, e["mean"] - (e["low"] if e["low"] is not None else e["mean"]))
+                for _, e in shown]  # fmt: skip
+        highs = [max(0.0, (e["high"] if e["high"] is not None else e["mean"]) - e["mean"])
+                 for _, e in shown]  # fmt: skip
         # Offset agents a little along k, so overlapping intervals stay readable.
         xs = [k + 0.04 * (i - (len(series) - 1) / 2) for k in ks]
         ax.errorbar(xs, means, yerr=[lows, highs], marker="o", capsize=3, label=name)

@@ -36,7 +36,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langgraph.runtime import Runtime
 
-from mage_rl.nodes.core import message_text, play_prompt, to_langchain
+from mage_rl.nodes.core import message_text, play_prompt
+from mage_rl.nodes.prompts import to_langchain
 from mage_rl.nodes.state import MetaEpisodeContext, MetaEpisodeState
 
 POLICY_INPUT_KEYS = (

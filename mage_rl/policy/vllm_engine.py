@@ -75,7 +75,7 @@ def vllm_model_dir(spec: str) -> str:
     Raises:
         ValueError: For ``tiny``.
     """
-    from mage_rl.serve.launch import resolve_model
+    from mage_rl.policy.models import resolve_model  # loads torch and transformers
 
     path = resolve_model(spec)
     if path == "tiny" or path.startswith("tiny:"):
@@ -84,8 +84,8 @@ def vllm_model_dir(spec: str) -> str:
             "with save_pretrained, or use smollm2 or an HF model path"
         )
     if path == "smollm2":
+        from mage_rl.cache import cache_root
         from mage_rl.policy.models import SMOLLM2_CACHE_NAME, load_model
-        from mage_rl.policy.models import _cache_root as cache_root
 
         target = cache_root(None) / SMOLLM2_CACHE_NAME
         if not (target / "config.json").exists():

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.net import LOOPBACK_HOSTS, free_port
+
 logger = logging.getLogger(__name__)
 
 VLLM_PYTHON_ENV = "MAGE_VLLM_PYTHON"
@@ -139,7 +141,6 @@ class VLLMServer:
         log_path: str | Path | None = None,
         startup_timeout: float = 900.0,
     ) -> None:
-        from mage_rl.serve.launch import LOOPBACK_HOSTS, free_port
 
         if dev_endpoints and host not in LOOPBACK_HOSTS:
             raise ValueError(f"vLLM's development routes are only opened on loopback, not {host}")

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-MODEL_DIR = "model"
+from mage_rl.rl.run_folder import MODEL_DIR
+
 ADAPTER_DIR = "adapter"
 
 

@@ -35,6 +35,8 @@ from mage_rl.plugins import ENV_VAR
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
+MODEL_DIR = "model"
+"""The servable model of a checkpoint: ``checkpoints/iter_NNNNNN/model``."""
 CONFIG_FILE = "config.yaml"
 RETIRED_PREFIX = ".retired-"
 _CHECKPOINT = re.compile(r"iter_(\d+)")
@@ -78,6 +80,44 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
         if checkpoint_iteration(p) is not None and (p / STATE_FILE).is_file()
     ]
     return max(done, key=lambda p: checkpoint_iteration(p) or 0, default=None)
+
+
+def find_run(model: str) -> tuple[Path, Path] | None:
+    """``(run folder, model folder)`` when ``model`` names a training run, else ``None``.
+
+    A run folder (it holds ``config.yaml`` or ``checkpoints/``) means its newest complete
+    checkpoint;
+    ``RUN/checkpoints/iter_N`` and ``RUN/checkpoints/iter_N/model`` mean that checkpoint.
+
+    Raises:
+        ValueError: A run folder with no complete checkpoint yet.
+    """
+    if model.startswith(("http://", "https://")):
+        return None
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / CONFIG_FILE).is_file() or (path / "checkpoints").is_dir():
+        checkpoint = latest_checkpoint(path)
+        if checkpoint is None:
+            raise ValueError(
+                f"{path} is a training run with no complete checkpoint yet; evaluate it "
+                "after its first checkpoint, or name a model folder"
+            )
+        return path, checkpoint / MODEL_DIR
+    candidates = [(path, path / MODEL_DIR)]
+    if path.name == MODEL_DIR:
+        candidates.append((path.parent, path))
+    for checkpoint, model_dir in candidates:
+        run = checkpoint.parent.parent
+        if (
+            checkpoint_iteration(checkpoint) is not None
+            and checkpoint.parent.name == "checkpoints"
+            and (run / CONFIG_FILE).is_file()
+            and model_dir.is_dir()
+        ):
+            return run, model_dir
+    return None
 
 
 def start_checkpoint(run_dir: Path, resume: bool) -> Path | None:

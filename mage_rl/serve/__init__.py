@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from mage_rl.serve.launch import (
     free_port,
-    resolve_model,
     serve_in_thread,
     serve_local,
     serve_vllm,
@@ -24,6 +23,7 @@ from mage_rl.serve.launch import (
 )
 
 if TYPE_CHECKING:
+    from mage_rl.policy.models import resolve_model
     from mage_rl.serve.app import create_app
 
 __all__ = [
@@ -43,4 +43,8 @@ def __getattr__(name: str) -> Any:
         from mage_rl.serve.app import create_app
 
         return create_app
+    if name == "resolve_model":  # loads torch and transformers
+        from mage_rl.policy.models import resolve_model
+
+        return resolve_model
     raise AttributeError(name)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from mage_rl.net import LOOPBACK_HOSTS, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ VLLM_HINT = (
 )
 SERVE_HINT = "mage serve needs the serve extra: pip install 'mage-rl[serve]'"
 API_KEY_ENV = "MAGE_API_KEY"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 
@@ -89,40 +89,6 @@ def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> No
             "--insecure if an open server is what you want"
         )
     logger.warning("serving on %s without an API key (--insecure)", host)
-
-
-def resolve_model(spec: str) -> str:
-    """The model spec or HF directory that ``spec`` names (see the module docstring).
-
-    Raises:
-        FileNotFoundError: For a run folder without a complete checkpoint, or a LoRA
-            checkpoint written before merged models were saved.
-    """
-    if spec in ("tiny", "smollm2"):
-        return spec
-    path = Path(spec).expanduser()
-    if (path / "checkpoints").is_dir():
-        from mage_rl.rl.trainer import latest_checkpoint
-
-        checkpoint = latest_checkpoint(path)
-        if checkpoint is None:
-            raise FileNotFoundError(f"run folder {path} has no complete checkpoint yet")
-        path = checkpoint
-    if (path / "model").is_dir() and not (path / "config.json").exists():
-        path = path / "model"
-    if (path / "adapter_config.json").exists() and not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"{path} holds LoRA adapters only (written by an older mage train); resume the "
-            "run for one iteration (mage train CONFIG --resume) to write a merged, servable model"
-        )
-    return str(path)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _require_serve_extra() -> None:
@@ -208,7 +174,7 @@ def serve_local(
     import uvicorn
 
     from mage_rl.policy.engine import LocalEngine
-    from mage_rl.policy.models import load_model
+    from mage_rl.policy.models import load_model, resolve_model
     from mage_rl.serve.app import create_app
 
     check_exposure(host, api_key, insecure)
