@@ -40,10 +40,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
         FileNotFoundError: No such file.
         ValueError: What is wrong, naming the key (and the file and line for YAML).
     """
-    from mage_rl.config import TrainConfig
     from mage_rl.config import load_config as load
 
-    return load(path, list(overrides), TrainConfig)  # type: ignore[no-any-return]
+    return load(path, list(overrides))  # type: ignore[no-any-return]
 
 
 def train(
@@ -63,7 +62,9 @@ def train(
         progress: Show the progress display.
     """
     from mage_rl.cluster.backends import trainer_class
+    from mage_rl.provenance import mark_start
 
+    mark_start()
     name = "run"
     if isinstance(config, str | Path):
         name = Path(config).stem
@@ -94,7 +95,9 @@ def evaluate(
             ``envs``, ``opponents``, ``max_tokens``...).
     """
     from mage_rl.eval.harness import EvalConfig, parse_agents, run_evaluation
+    from mage_rl.provenance import mark_start
 
+    mark_start()
     cfg = EvalConfig(agents=parse_agents(list(agents), model), **settings)
     return run_evaluation(cfg, out, progress=progress)
 

@@ -221,19 +221,14 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    import yaml
     from rich.progress import Progress
 
     from mage_rl import runtime
-    from mage_rl.config import RunConfig, TrainConfig, load_config
+    from mage_rl.config import load_config
     from mage_rl.rl.rollout import summarize, write_jsonl
 
-    # A training config is a rollout config with more sections; accept both.
-    raw = yaml.safe_load(Path(args.config).read_text()) or {}
-    training = {"returns", "advantages", "learner", "eval", "train"} & set(raw)
-    cfg = load_config(args.config, args.set, TrainConfig if training else RunConfig)
+    cfg = load_config(args.config, args.set)
     engine = runtime.build_engine(cfg.policy)
     llm = runtime.rollout_chat_model(cfg, engine)
     tasks = runtime.tasks_for(cfg, cfg.rollout.tasks, cfg.rollout.seed)
@@ -258,11 +253,11 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mage_rl.cluster.backends import trainer_class
-    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.config import load_config
     from mage_rl.rl.run_folder import latest_checkpoint
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
-    cfg = load_config(args.config, overrides, TrainConfig)
+    cfg = load_config(args.config, overrides)
     Trainer = trainer_class(cfg.train.backend)
     name = cfg.train.run_name or Path(args.config).stem
     if args.run_dir:
@@ -304,10 +299,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from mage_rl.config import TrainConfig, load_config
+    from mage_rl.config import load_config
     from mage_rl.rl.pretrain import PretrainSettings, pretrain
 
-    cfg = load_config(args.config, args.set, TrainConfig)
+    cfg = load_config(args.config, args.set)
     settings = PretrainSettings(
         batches=args.batches,
         epochs=args.epochs,
@@ -467,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from mage_rl.provenance import mark_start
+
+    mark_start()  # results files name the commit this command started from
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:

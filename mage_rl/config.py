@@ -259,9 +259,15 @@ class RunConfig(_Strict):
 
 
 def load_config(
-    path: str | Path | None, overrides: list[str] | None = None, cls: type[BaseModel] = RunConfig
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    cls: type[BaseModel] | None = None,
 ) -> Any:
     """Load and validate a YAML config, with ``key=value`` overrides applied first.
+
+    The one schema is :class:`TrainConfig` (every command reads it; the training
+    sections are optional). ``cls=RunConfig`` checks a file against the play sections
+    alone, refusing the training ones.
 
     A file must set ``policy.model`` (in the file or by an override): a config that
     forgets its model would otherwise train the default one.
@@ -272,6 +278,7 @@ def load_config(
             file, no ``policy.model``, an unknown key (the section's valid keys listed), a
             bad value or a broken cross-field rule; the message names the key.
     """
+    cls = TrainConfig if cls is None else cls
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -297,7 +304,7 @@ def load_config(
         if cls is RunConfig and training:
             lines.append(
                 f"  ({', '.join(training)}: sections of a training config; load it with "
-                "load_config(path, overrides, TrainConfig), as mage train does)"
+                "load_config(path, overrides) without cls, as every mage command does)"
             )
         source = f" in {path}" if path else ""
         raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None

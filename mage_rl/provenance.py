@@ -8,7 +8,10 @@ is written by :func:`write_results`, which adds a ``provenance`` block:
 
 * ``commit``: ``git rev-parse HEAD`` of the checkout the package runs from, with
   ``dirty`` when tracked files differ from it; ``"unknown"`` for an installed package
-  (no checkout around it);
+  (no checkout around it). It is read when the command starts (:func:`mark_start`, which
+  ``mage`` and the Python API call first), so a run that outlives a commit says what it
+  ran; ``commit_at_write`` is added when the checkout moved on before the file was
+  written;
 * ``versions``: mage-rl, Python and the libraries that change results (torch,
   transformers, open_spiel, langgraph, numpy, ray when installed);
 * ``threads``: torch's intra-op and inter-op thread counts and the thread variables of
@@ -43,6 +46,16 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 # When nobody says when the command started, the interpreter's start is the next best:
 # for a `mage` command the two differ by the import time only.
 _IMPORTED = time.time()
+_START_COMMIT: dict[str, Any] | None = None
+
+
+def mark_start() -> None:
+    """Read the checkout's commit now, at the start of a command: results files written
+    later by this process carry it (and say so when the checkout has moved on). Only the
+    first call counts."""
+    global _START_COMMIT
+    if _START_COMMIT is None:
+        _START_COMMIT = git_commit()
 
 
 def git_commit(where: str | Path | None = None) -> dict[str, Any]:
@@ -126,8 +139,12 @@ def provenance(
     command = list(sys.argv if argv is None else argv)
     if command and Path(command[0]).name in ("mage", "__main__.py", "cli.py"):
         command[0] = "mage"
+    now_commit = git_commit()
+    commit = dict(_START_COMMIT or now_commit)
+    if now_commit != commit:
+        commit["commit_at_write"] = now_commit
     return {
-        **git_commit(),
+        **commit,
         "versions": package_versions(),
         **thread_settings(),
         "cpu_count": os.cpu_count(),

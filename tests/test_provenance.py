@@ -43,3 +43,13 @@ def test_commit_is_unknown_outside_a_checkout(tmp_path) -> None:
     # A folder inside some repository (an installed package in a project's virtual
     # environment) does not report that repository's commit.
     assert git_commit(CHECKOUT / "mage_rl")["commit"] == "unknown"
+
+
+def test_the_commit_is_the_one_the_command_started_from(monkeypatch) -> None:
+    import mage_rl.provenance as prov
+
+    monkeypatch.setattr(prov, "_START_COMMIT", {"commit": "a" * 40, "dirty": False})
+    stamp = provenance()
+    assert stamp["commit"] == "a" * 40 and stamp["commit_at_write"] == git_commit()
+    monkeypatch.setattr(prov, "_START_COMMIT", git_commit())
+    assert "commit_at_write" not in provenance()
