@@ -88,7 +88,7 @@ def kuhn_tiny_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
 # hands out tests in collection order, and a long test handed out last keeps one worker
 # busy while the other has nothing left to do.
 LONG_MODULES = (
-    "tests/bench/test_adaptation.py",
+    "tests/studies/test_adaptation.py",
     "tests/test_plugins.py",
     "tests/train/test_new_game_configs.py",
     "tests/train/test_train_cli.py",

@@ -5,12 +5,9 @@
 * :func:`bench_learner`: PPO-update throughput of the embedded learner per forward dtype.
 * :func:`bench_serve`: requests per second of ``mage serve`` at 1 vs 16 concurrent clients.
 
-Two benchmarks measure learning rather than speed, and live in their own modules:
-:mod:`mage_rl.bench.adaptation` (does the last hand exploit the opponent?, with its exact
-evaluation in :mod:`~mage_rl.bench.adaptation_exact` and its results file in
-:mod:`~mage_rl.bench.adaptation_results`) and :mod:`mage_rl.bench.identification` (can
-the model learn to read the opponent at all?). Both start from a config shipped with the
-package (:mod:`~mage_rl.bench.study_configs`). :mod:`mage_rl.bench.cli` is ``mage bench``.
+The learning probes (:mod:`mage_rl.bench.learning`) measure learning rather than speed.
+:mod:`mage_rl.bench.cli` is ``mage bench``. (The adaptation and identification studies
+are not part of the package: they are in the checkout's ``studies/adaptation/``.)
 
 Absolute numbers depend on the machine and on whatever else runs on it; the ratios,
 measured back to back in one process, are the claims. ``docs/benchmarks.md`` records

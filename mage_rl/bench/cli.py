@@ -34,8 +34,6 @@ BENCHMARKS = (
     "serve",
     "vllm",
     "textenvs",
-    "adaptation",
-    "identification",
     "learning",
     "reuse",
     "layouts",
@@ -75,73 +73,6 @@ def _textenv_specs(args: argparse.Namespace) -> list[str]:
     from mage_rl.bench.textenvs import DEFAULT_SPECS
 
     return args.variant or list(DEFAULT_SPECS)
-
-
-def _cmd_adaptation(args: argparse.Namespace) -> int:
-    from mage_rl.bench.adaptation import METHODS, bench_adaptation
-    from mage_rl.bench.adaptation_results import format_table
-    from mage_rl.bench.study_configs import study_config
-    from mage_rl.rl.pretrain import PretrainSettings
-
-    methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
-    sizes = {
-        name: value
-        for name, value in (("batches", args.pretrain_batches), ("epochs", args.pretrain_epochs))
-        if value is not None
-    }
-    if sizes and not args.pretrain:
-        raise SystemExit("--pretrain-batches and --pretrain-epochs need --pretrain")
-    started = time.time()
-    apply_threads(args.threads)
-    doc = bench_adaptation(
-        config=args.config or study_config(),
-        methods=methods,
-        seats=args.seats.split(","),
-        seeds=[int(s) for s in args.seeds.split(",")],
-        iterations=args.iterations,
-        eval_every=args.eval_every,
-        out=args.out,
-        overrides=[
-            *([f"policy.model={args.model}"] if args.model else []),
-            *([f"meta.layout={args.layout}"] if args.layout else []),
-            *args.set,
-        ],
-        resume=not args.fresh,
-        runs_dir=args.runs_dir,
-        pretrain=PretrainSettings(**sizes) if args.pretrain else None,
-        minutes=args.minutes,
-        log=console.print,
-        started=started,
-        average=args.eval_average,
-    )
-    print(format_table(doc))
-    console.print(f"results: {args.out}")
-    return 0
-
-
-def _cmd_identification(args: argparse.Namespace) -> int:
-    from mage_rl.bench.identification import bench_identification
-    from mage_rl.bench.study_configs import study_config
-
-    started = time.time()
-    apply_threads(args.threads)
-    result = bench_identification(
-        config=args.config or study_config(),
-        model=args.model,
-        batches=args.batches,
-        epochs=args.epochs,
-        seed=args.seed,
-        overrides=args.set,
-        log=console.print,
-    )
-    console.print(
-        f"{result['model']}: {result['train']} labelled decisions, held-out accuracy "
-        f"{result['final_accuracy']:.3f} (best {result['best_accuracy']:.3f}); without "
-        f"history at best {result['no_history_accuracy']:.3f}, Bayes "
-        f"{result['bayes_accuracy']:.3f}; in {result['seconds']:.0f}s"
-    )
-    _save(args, result, started)
-    return 0
 
 
 def _save(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
@@ -195,23 +126,14 @@ def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=1, help="repeat each mode, alternating")
 
 
-def _add_study(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        default=None,
-        help="base config (default: kuhn_adaptation_tiny.yaml, shipped with the package)",
-    )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and its six benchmarks to the ``mage`` sub-command parser."""
+    """Add ``bench`` and its benchmarks to the ``mage`` sub-command parser."""
     bench = sub.add_parser(
         "bench",
         help="benchmarks measured on this machine (ratios in one run)",
-        description="Throughput benchmarks (rollout, learner, serve) report ratios "
-        "measured back to back in one process; textenvs times the Java text worlds; the studies (adaptation, identification) "
-        "train models. See docs/benchmarks.md.",
+        description="Throughput benchmarks (rollout, learner, serve, reuse, layouts, vllm) "
+        "report ratios measured back to back in one process; textenvs times the Java text "
+        "worlds; learning runs the learning probes. See docs/benchmarks.md.",
     )
     benches = bench.add_subparsers(
         dest="what", required=True, metavar="BENCHMARK", parser_class=_BenchmarkParser
@@ -377,73 +299,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         )  # fmt: skip
     )
 
-    p = benches.add_parser(
-        "adaptation",
-        help="train every method and evaluate it exactly (minutes to hours)",
-        description="Does training on the last episode teach opponent identification? "
-        "Trains each method for each seat and seed on Kuhn Poker and evaluates it exactly "
-        "against every deal sequence (docs/results/adaptation.md).",
-    )
-    _add_study(p)
-    p.add_argument("--methods", default="all", help="comma-separated, or all")
-    p.add_argument("--seats", default="first,second")
-    p.add_argument("--seeds", default="0", help="training seeds, comma-separated")
-    p.add_argument("--iterations", type=int, default=60, help="the budget of every run")
-    p.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="also stop a run after this training time (pretraining included)",
-    )
-    p.add_argument(
-        "--pretrain",
-        action="store_true",
-        help="pretrain the model on game transcripts first (mage pretrain), once per seed",
-    )
-    p.add_argument(
-        "--pretrain-batches", type=int, default=None, help="rollout batches per seat (10)"
-    )
-    p.add_argument("--pretrain-epochs", type=int, default=None, help="passes over them (4)")
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument(
-        "--eval-average",
-        type=float,
-        default=0.0,
-        metavar="DECAY",
-        help="also evaluate a moving average of the weights with this decay per update "
-        "(e.g. 0.95; default 0: no average)",
-    )
-    p.add_argument(
-        "--model", default=None, help="model of every run: tiny (the study's), smollm2 or a path"
-    )
-    p.add_argument(
-        "--layout",
-        choices=["rerendered", "conversation"],
-        default=None,
-        help="prompt layout of every run (default: the config's, rerendered)",
-    )
-    p.add_argument("--out", default="runs/adaptation/adaptation.json", help="results JSON")
-    p.add_argument("--runs-dir", default=None, help="run folders (default: beside --out)")
-    p.add_argument("--fresh", action="store_true", help="ignore runs already in --out")
-    _add_common(p, json=False)
-    p.set_defaults(func=_cmd_adaptation)
-
     add_learning_parser(benches, _add_common)
-
-    p = benches.add_parser(
-        "identification",
-        help="supervised upper bound: can the model learn to read the opponent at all?",
-    )
-    _add_study(p)
-    p.add_argument(
-        "--model",
-        default=None,
-        help="model to collect with and train (default: the config's policy.model)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="shuffling seed")
-    p.add_argument(
-        "--batches", type=int, default=20, help="rollout batches of labelled decisions to collect"
-    )
-    p.add_argument("--epochs", type=int, default=3, help="passes over the training decisions")
-    _add_common(p)
-    p.set_defaults(func=_cmd_identification)

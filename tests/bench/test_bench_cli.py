@@ -1,7 +1,4 @@
-"""``mage bench``: one parser per benchmark, ``--threads`` honoured and recorded.
-
-``tests/bench/test_adaptation.py`` runs ``mage bench adaptation --threads 1`` end to end.
-"""
+"""``mage bench``: one parser per benchmark, ``--threads`` honoured and recorded."""
 
 from __future__ import annotations
 
@@ -58,16 +55,6 @@ DEFAULTS = {
         model="smollm2", seed=0, json=None, threads=None, meta_episodes=16, episodes=3,
         max_tokens=48, dtype="auto", engines="vllm,local",
     ),
-    "adaptation": dict(
-        config=None, set=[], threads=None, methods="all", seats="first,second", seeds="0",
-        iterations=60, minutes=None, pretrain=False, pretrain_batches=None,
-        pretrain_epochs=None, eval_every=10, eval_average=0.0, model=None, layout=None,
-        out="runs/adaptation/adaptation.json",
-        runs_dir=None, fresh=False,
-    ),
-    "identification": dict(
-        config=None, set=[], model=None, seed=0, json=None, threads=None, batches=20, epochs=3,
-    ),
     "learning": dict(
         config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
         out="runs/learning", no_progress=False, diagnose=False, checkpoint=None,
@@ -90,9 +77,7 @@ def test_each_benchmark_keeps_its_flags_and_defaults(what: str) -> None:
         (["learner", "--clients", "1,4"], "--clients"),
         (["rollout", "--samples", "4"], "--samples"),
         (["serve", "--iterations", "3"], "--iterations"),
-        (["adaptation", "--clients", "1,4"], "--clients"),
-        (["adaptation", "--json", "x.json"], "--json"),
-        (["identification", "--methods", "mage"], "--methods"),
+        (["learning", "--json", "x.json"], "--json"),
     ],
 )
 def test_a_flag_another_benchmark_reads_is_an_error(argv, flag, capsys) -> None:
@@ -114,11 +99,9 @@ def test_learner_json_records_threads(tmp_path) -> None:
     assert doc["provenance"]["threads_requested"] == 1
 
 
-@pytest.mark.parametrize("what", ["adaptation", "identification", "learner"])
-def test_threads_below_one_are_refused(what: str, tmp_path, capsys) -> None:
+def test_threads_below_one_are_refused(tmp_path, capsys) -> None:
     out = tmp_path / "never.json"
-    target = ["--out", str(out)] if what == "adaptation" else ["--json", str(out)]
-    assert main(["bench", what, "--threads", "0", *target]) == 2
+    assert main(["bench", "learner", "--threads", "0", "--json", str(out)]) == 2
     assert "--threads 0: give a thread count >= 1" in capsys.readouterr().out
     assert not out.exists()
 

@@ -1,4 +1,4 @@
-"""Bayes last-hand values (SPEC §9) and the exact evaluation of the adaptation benchmark."""
+"""Bayes last-hand values (SPEC §9)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from mage_rl.bench.adaptation import (
-    METHODS,
-    deal_sequence_seeds,
-    exact_ev,
-    exact_eval_tasks,
-    method_config,
-)
 from mage_rl.envs import Population
 from mage_rl.envs.opponents import make_opponent
 from mage_rl.eval.bayes import bayes_last_hand, hand_table, observation_likelihood
-from tests.graphs.conftest import ScriptedChat
 
 POPULATION = Population.parse("kuhn_train", game="kuhn_poker")
 
@@ -65,33 +57,6 @@ def test_oracle_json_includes_bayes_values() -> None:
     )
     data = json.loads(out.stdout)
     assert data["bayes_last_hand"]["first"]["fixed"]["3"] == pytest.approx(0.2426, abs=5e-5)
-
-
-def test_exact_evaluation_matches_the_enumerated_value_of_a_fixed_strategy() -> None:
-    """Always PASS, played through the real graph and environment on every deal sequence,
-    earns exactly what the enumeration says."""
-    from mage_rl import runtime
-
-    seeds = deal_sequence_seeds(2)
-    assert len(seeds) == 36 and len(set(seeds)) == 36
-    _, cfg = method_config(
-        "configs/kuhn_adaptation_tiny.yaml",
-        METHODS["mage"],
-        "first",
-        0,
-        1,
-        ["meta.episodes=2", "policy.constrain_actions=false"],
-    )
-    tasks, weights = exact_eval_tasks(cfg, 0, seeds)
-    assert sum(weights) == pytest.approx(1.0)
-    chat = ScriptedChat(responses=["<action>PASS</action>"])
-    records = runtime.run_rollouts(cfg, runtime.build_graph(cfg), chat, tasks, 1)
-    result = exact_ev(records, weights, 2)
-    table = hand_table(POPULATION.specs, 0)
-    always_pass = 0  # strategy index 0 is PASS at every information set
-    expected = float(table.values[always_pass] @ np.asarray(POPULATION.weights))
-    assert result["ev_by_episode"] == pytest.approx([expected, expected], abs=1e-9)
-    assert result["ev_by_opponent"]["kuhn_poker:aggressive"][0] == pytest.approx(-1.0)
 
 
 def test_observation_likelihood_over_the_unseen_card() -> None:

@@ -1,4 +1,4 @@
-"""mage bench adaptation on a tiny budget: the results document has the promised shape."""
+"""The adaptation study on a tiny budget: the results document has the promised shape."""
 
 from __future__ import annotations
 
@@ -8,32 +8,31 @@ import threading
 import pytest
 import torch
 
-from mage_rl.bench.adaptation import (
+from mage_rl.rl.pretrain import SUMMARY_FILE, PretrainSettings
+from studies.adaptation.cli import adaptation_main
+from studies.adaptation.results import format_table
+from studies.adaptation.study import (
     DEFAULT_CONFIG,
     METHODS,
     _pretrained_model,
     bench_adaptation,
     method_config,
 )
-from mage_rl.bench.adaptation_results import format_table
-from mage_rl.rl.pretrain import SUMMARY_FILE, PretrainSettings
 
 SMALL = ["meta.episodes=2", "rollout.tasks=2", "rollout.group_size=2", "learner.mini_batch_size=8"]
 
 
 def test_results_document_shape_and_resume(tmp_path) -> None:
-    from mage_rl.cli import main
-
     out = tmp_path / "adaptation.json"
     lines: list[str] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    argv = ["bench", "adaptation", "--methods", "mage,gigpo_single"]
+    argv = ["--methods", "mage,gigpo_single"]
     argv += ["--seats", "first", "--iterations", "1", "--eval-every", "1", "--out", str(out)]
     argv += ["--layout", "conversation", "--eval-average", "0.999999"]
     argv += [a for s in SMALL for a in ("--set", s)]
     try:
-        assert main([*argv, "--threads", "1"]) == 0
+        assert adaptation_main([*argv, "--threads", "1"]) == 0
         # --threads holds for the process and for threads started later (the engine's).
         seen: list[int] = []
         worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
@@ -64,11 +63,14 @@ def test_results_document_shape_and_resume(tmp_path) -> None:
     assert "| mage |" in format_table(saved)
     # The file and every run say what produced them, thread count first.
     assert saved["provenance"]["torch_threads"] == 1
+    command = "python -m studies.adaptation --methods mage,gigpo_single --seats first"
+    assert saved["provenance"]["command"].startswith(command)
     assert saved["setup"]["eval_average"] == 0.999999
     assert saved["provenance"]["versions"]["torch"] == torch.__version__
     for cell in (saved["results"][m]["first"] for m in saved["results"]):
         assert cell["runs"][0]["provenance"]["torch_threads"] == 1
         assert cell["runs"][0]["provenance"]["wall_seconds"] > 0
+        assert cell["runs"][0]["provenance"]["command"] == saved["provenance"]["command"]
     # Each run ends with a checkpoint of its final policy, a loadable HF model.
     models = sorted(tmp_path.glob("**/checkpoints/iter_000001/model/config.json"))
     assert len(models) == 2
@@ -164,7 +166,7 @@ def test_pretrained_start_and_time_budget(tmp_path) -> None:
 
 
 def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
-    from mage_rl.bench.adaptation_results import save_cell
+    from studies.adaptation.results import save_cell
 
     out = tmp_path / "shared.json"
     cell = {"ev_by_episode": [0.1], "last_episode_ev": 0.1, "seeds": [0], "runs": []}
@@ -181,7 +183,7 @@ def test_benchmarks_sharing_an_output_keep_each_others_cells(tmp_path) -> None:
 
 
 def test_benchmarks_of_other_seeds_keep_each_others_pretraining(tmp_path) -> None:
-    from mage_rl.bench.adaptation_results import save_cell
+    from studies.adaptation.results import save_cell
 
     out = tmp_path / "shared.json"
     cell = {"ev_by_episode": [0.1], "last_episode_ev": 0.1, "seeds": [0], "runs": []}
@@ -206,7 +208,7 @@ def _run(seed: int, ev: float, iterations: int = 5) -> dict:
 
 
 def test_benchmarks_adding_seeds_to_one_cell_keep_each_others_runs(tmp_path) -> None:
-    from mage_rl.bench.adaptation_results import aggregate, plot_curves, save_cell
+    from studies.adaptation.results import aggregate, plot_curves, save_cell
 
     out = tmp_path / "shared.json"
     base = {"reference": {}, "setup": {}}
@@ -232,10 +234,10 @@ def test_benchmarks_adding_seeds_to_one_cell_keep_each_others_runs(tmp_path) -> 
     assert plot_curves(doc, tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_cli_pretrain_sizes_need_pretrain(tmp_path) -> None:
-    from mage_rl.cli import main
-
+def test_cli_pretrain_sizes_need_pretrain(tmp_path, capsys) -> None:
     out = tmp_path / "never.json"
-    with pytest.raises(SystemExit, match="need --pretrain"):
-        main(["bench", "adaptation", "--pretrain-epochs", "2", "--out", str(out)])
+    with pytest.raises(SystemExit) as exit_info:
+        adaptation_main(["--pretrain-epochs", "2", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "need --pretrain" in capsys.readouterr().err
     assert not out.exists()

@@ -1,7 +1,7 @@
 """Can the policy model learn to identify the opponent at all? A supervised upper bound.
 
-The adaptation benchmark asks RL to discover, from one reward per hand, that the last
-hand should be played differently against the aggressive opponent. This benchmark asks
+The adaptation study asks RL to discover, from one reward per hand, that the last
+hand should be played differently against the aggressive opponent. This study asks
 the easier question first: given the *answer* as a label, how many labelled decisions
 does the model need before its choice depends on the past hands?
 
@@ -56,13 +56,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from mage_rl.bench.study_configs import study_config
-from mage_rl.config import TrainConfig, load_config
+from mage_rl import load_config
+from studies.adaptation import CONFIG
 
 if TYPE_CHECKING:
+    from mage_rl.config import TrainConfig
     from mage_rl.records import MetaEpisodeRecord
 
-DEFAULT_CONFIG = study_config()
+DEFAULT_CONFIG = CONFIG
 ANSWERS = ("PASS", "BET")
 
 
@@ -307,9 +308,9 @@ def bench_identification(
     """
     from mage_rl.policy.models import load_model
 
-    cfg = load_config(config, list(overrides), cls=TrainConfig)
+    cfg = load_config(config, list(overrides))
     if cfg.env.name != "kuhn_poker" or cfg.env.seat not in ("first", "0"):
-        raise ValueError("the identification benchmark needs env.name=kuhn_poker, env.seat=first")
+        raise ValueError("the identification study needs env.name=kuhn_poker, env.seat=first")
     spec = model or cfg.policy.model
     start = time.perf_counter()
     everything = collect_decisions(cfg, spec, batches)
@@ -383,3 +384,11 @@ def bench_identification(
         "curve": curve,
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+if __name__ == "__main__":  # python -m studies.adaptation.identification
+    import sys
+
+    from studies.adaptation.cli import identification_main
+
+    sys.exit(identification_main())

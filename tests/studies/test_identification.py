@@ -1,11 +1,15 @@
-"""mage bench identification on a tiny budget: labels, shapes and the CLI."""
+"""The identification study on a tiny budget: labels, shapes and the CLI."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mage_rl.bench.identification import (
+from mage_rl import load_config
+from mage_rl.policy.models import load_model
+from studies.adaptation.cli import identification_main
+from studies.adaptation.identification import (
+    DEFAULT_CONFIG,
     Decision,
     advantage_signal,
     bench_identification,
@@ -13,9 +17,6 @@ from mage_rl.bench.identification import (
     collect_decisions,
     label,
 )
-from mage_rl.cli import main
-from mage_rl.config import TrainConfig, load_config
-from mage_rl.policy.models import load_model
 
 SMALL = ["rollout.tasks=4", "rollout.group_size=2", "policy.model=tiny:hidden=32,layers=1"]
 
@@ -73,16 +74,14 @@ def test_bench_reports_a_curve_and_refuses_the_second_seat() -> None:
         bench_identification(overrides=[*SMALL, "env.seat=second"])
     # Through the CLI, one small batch gives too few decisions for the default 400 held
     # out: a one-line error and exit status 2, no traceback.
-    argv = ["bench", "identification", "--batches", "1"]
-    code = main(argv + [a for s in SMALL for a in ("--set", s)])
+    argv = ["--batches", "1"]
+    code = identification_main(argv + [a for s in SMALL for a in ("--set", s)])
     assert code == 2
 
 
 def test_posteriors_replay_what_the_agent_saw() -> None:
     torch.set_num_threads(1)
-    from mage_rl.bench.identification import DEFAULT_CONFIG
-
-    cfg = load_config(DEFAULT_CONFIG, SMALL, cls=TrainConfig)
+    cfg = load_config(DEFAULT_CONFIG, SMALL)
     decisions = collect_decisions(cfg, cfg.policy.model, batches=3)
     assert decisions
     for d in decisions:

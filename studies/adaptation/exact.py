@@ -1,4 +1,4 @@
-"""Exact evaluation of the adaptation benchmark: every deal sequence, every opponent.
+"""Exact evaluation of the adaptation study: every deal sequence, every opponent.
 
 The policy decodes greedily and the training opponents are deterministic, so the
 outcome of a meta-episode is a function of its K deals. Under the ``fresh`` protocol
@@ -20,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from itertools import product
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mage_rl.config import TrainConfig
-from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
+
+if TYPE_CHECKING:
+    from mage_rl.config import TrainConfig
+    from mage_rl.records import MetaEpisodeRecord
 
 
 def deal_sequence_seeds(num_episodes: int, max_scan: int = 1_000_000) -> list[int]:
@@ -91,7 +93,7 @@ def exact_ev(
         if len(payoffs) != num_episodes:
             raise ValueError(
                 f"record {record.uid} played {len(payoffs)} episodes, expected {num_episodes} "
-                "(meta.stop_on_success must be false for the benchmark)"
+                "(meta.stop_on_success must be false for the study)"
             )
         invalid += sum(t.invalid for t in record.turns)
         rows = per_opponent.setdefault(record.opponent, [0.0] * num_episodes)

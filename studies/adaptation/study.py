@@ -1,7 +1,7 @@
-"""Adaptation benchmark: does training on the last episode teach opponent identification?
+"""The adaptation study: does training on the last episode teach opponent identification?
 
 MAGE's claim (SPEC §4) is that rewarding the *last* episode of a meta-episode teaches an
-agent to read the opponent from earlier episodes and exploit it. This benchmark tests the
+agent to read the opponent from earlier episodes and exploit it. This study tests the
 claim on Kuhn Poker, where the exact values are known (SPEC §9):
 
 * ``fresh`` deals every episode, ``history`` context (the past hands, with the cards of
@@ -19,12 +19,12 @@ K-hand protocol); ``single_episode_reward`` (meta-episodes, no cross-episode cre
 ``cumulative`` (LaMer); ``mage_mixed_groups`` (a group's rollouts face different
 opponents); ``mage_local_anchor`` (anchor states keyed by episode index).
 
-Evaluation is exact, not sampled (:mod:`mage_rl.bench.adaptation_exact`): the policy
+Evaluation is exact, not sampled (:mod:`studies.adaptation.exact`): the policy
 decodes greedily, the opponents are deterministic, so a meta-episode's outcome is a
 function of its K deals. The evaluation plays every one of the ``6**K`` deal sequences
 against every opponent and weights them by the population, which gives the exact
 expected chips of every episode index (``ev@k``) for the greedy policy, with no sampling
-noise. The results file and its plots are :mod:`mage_rl.bench.adaptation_results`.
+noise. The results file and its plots are :mod:`studies.adaptation.results`.
 """
 
 from __future__ import annotations
@@ -36,25 +36,28 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mage_rl.bench.adaptation_exact import (
+from mage_rl import load_config
+from mage_rl.provenance import provenance
+from mage_rl.rl.pretrain import PretrainSettings
+from studies.adaptation import CONFIG
+from studies.adaptation.exact import (
     deal_sequence_seeds,
     exact_ev,
     exact_eval_tasks,
     reference_values,
 )
-from mage_rl.bench.adaptation_results import (
+from studies.adaptation.results import (
     SEATS,
     aggregate,
     plot_curves,
     run_budget_seconds,
     save_cell,
 )
-from mage_rl.bench.study_configs import study_config
-from mage_rl.config import TrainConfig, load_config
-from mage_rl.provenance import provenance
-from mage_rl.rl.pretrain import PretrainSettings
+
+if TYPE_CHECKING:
+    from mage_rl.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +74,12 @@ __all__ = [
     "run_method",
 ]
 
-DEFAULT_CONFIG = study_config()
+DEFAULT_CONFIG = CONFIG
 
 
 @dataclass(frozen=True)
 class Method:
-    """One training recipe of the benchmark.
+    """One training recipe of the study.
 
     Attributes:
         name: Key in the results.
@@ -136,7 +139,7 @@ def method_config(
         chosen["returns.reward_to_go"] = False
     overrides = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in chosen.items()]
     common = [f"env.seat={seat}", f"rollout.seed={seed}", f"learner.seed={seed}", *extra]
-    eval_cfg = load_config(base, [*common, *overrides], cls=TrainConfig)
+    eval_cfg = load_config(base, [*common, *overrides])
     train_overrides = [*common, *overrides, f"train.iterations={iterations}"]
     if method.single_episode_training:
         k = eval_cfg.meta.episodes
@@ -145,7 +148,7 @@ def method_config(
             "meta.context=none",
             f"rollout.group_size={eval_cfg.rollout.group_size * k}",
         ]
-    train_cfg = load_config(base, train_overrides, cls=TrainConfig)
+    train_cfg = load_config(base, train_overrides)
     return train_cfg, eval_cfg
 
 
@@ -181,7 +184,7 @@ def run_method(
 
     train_cfg, eval_cfg = method_config(base_config, method, seat, seed, iterations, extra)
     if train_cfg.train.backend == "openrlhf":
-        raise ValueError("the adaptation benchmark runs on train.backend local or ray")
+        raise ValueError("the adaptation study runs on train.backend local or ray")
     # train.backend=ray spreads the rollouts over train.num_workers processes (one core
     # each); the learner and the exact evaluation stay in this process.
     trainer = trainer_class(train_cfg.train.backend)(train_cfg, run_dir, progress=False)
@@ -238,8 +241,8 @@ def run_method(
                 curve.append(evaluate(done, train_seconds))
             if out_of_time:
                 break
-        # The trained policy stays inspectable (mage eval, mage serve, mage bench
-        # identification --set policy.model=...): one checkpoint, at the end.
+        # The trained policy stays inspectable (mage eval, mage serve, the identification
+        # study with --set policy.model=...): one checkpoint, at the end.
         if done:
             trainer.save(done)
     finally:
@@ -264,7 +267,7 @@ def run_method(
     } | ({"eval_average": average, "average": last["average"]} if averaged else {})
 
 
-# -- the whole benchmark ---------------------------------------------------------------
+# -- the whole study ------------------------------------------------------------------
 
 
 def bench_adaptation(
@@ -284,6 +287,7 @@ def bench_adaptation(
     log: Callable[[str], None] = print,
     started: float | None = None,
     average: float = 0.0,
+    command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Train every method for every seat and seed; write the results JSON as it goes.
 
@@ -312,6 +316,7 @@ def bench_adaptation(
         started: ``time.time()`` when the command began, for the file's provenance.
         average: Also evaluate an exponential moving average of the weights with this
             decay per update (:func:`run_method`); 0 does not.
+        command: The command line the results files record (default: ``sys.argv``).
 
     Returns:
         The results document (also written to ``out``). Every run carries a
@@ -328,7 +333,7 @@ def bench_adaptation(
         raise ValueError(f"unknown seat(s) {bad_seats}; valid: first, second")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = load_config(config, list(overrides), cls=TrainConfig)
+    base = load_config(config, list(overrides))
     doc: dict[str, Any] = {}
     if resume and out.exists():
         doc = json.loads(out.read_text())
@@ -415,12 +420,13 @@ def bench_adaptation(
                 result["pretrained"] = start_model
                 result["pretrain_seconds"] = pretrain_seconds
                 result["budget_seconds"] = max_seconds
-                result["provenance"] = provenance(started=run_started)
+                argv = None if command is None else list(command)
+                result["provenance"] = provenance(started=run_started, argv=argv)
                 runs.append(result)
                 doc["results"][name][seat] = aggregate(runs)
-                doc = save_cell(out, doc, name, seat, started)
+                doc = save_cell(out, doc, name, seat, started, command)
             doc["results"][name][seat] = aggregate(runs)
-            doc = save_cell(out, doc, name, seat, started)
+            doc = save_cell(out, doc, name, seat, started, command)
     plot_curves(doc, out.with_name(out.stem + "_curves.png"))
     return doc
 
@@ -463,7 +469,7 @@ def _pretrained_model(
             )
         log(f"pretrained model of seed {seed}: kept from {path}")
         return str(path)
-    cfg = load_config(config, [*overrides, f"rollout.seed={seed}"], cls=TrainConfig)
+    cfg = load_config(config, [*overrides, f"rollout.seed={seed}"])
     log(f"pretraining the model of seed {seed} on transcripts of both seats, into {path}")
     summary = pretrain(cfg, path, settings, seats=SEATS, log=log)
     log(f"  pretrained in {summary['seconds']:.0f}s")
@@ -476,7 +482,7 @@ def _new_run_dir(parent: Path, name: str) -> Path:
     for n in range(1, 1000):
         path = parent / (name if n == 1 else f"{name}-{n}")
         try:
-            path.mkdir()  # atomic: two benchmarks never get the same folder
+            path.mkdir()  # atomic: two studies never get the same folder
         except FileExistsError:
             continue
         return path

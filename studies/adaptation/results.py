@@ -1,8 +1,8 @@
-"""The adaptation benchmark's results file: cells merged across benchmarks, table, curves.
+"""The adaptation study's results file: cells merged across processes, table, curves.
 
 A results file holds ``{"reference", "setup", "results": {METHOD: {SEAT: cell}}}``, where
-a cell is :func:`aggregate` of one run per seed. Benchmarks may share one file: each
-writes its cells with :func:`save_cell`, which merges under a lock instead of
+a cell is :func:`aggregate` of one run per seed. Several study processes may share one
+file: each writes its cells with :func:`save_cell`, which merges under a lock instead of
 overwriting.
 """
 
@@ -36,24 +36,30 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def save_cell(
-    path: Path, doc: dict[str, Any], name: str, seat: str, started: float | None = None
+    path: Path,
+    doc: dict[str, Any],
+    name: str,
+    seat: str,
+    started: float | None = None,
+    command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write the ``results[name][seat]`` cell of ``doc`` into the results file.
 
-    Several benchmarks may share one ``--out`` (one per core, say), each with other
+    Several processes may share one ``--out`` (one per core, say), each with other
     methods, seats or seeds: the file is read again under a lock on its folder and this
-    cell merged into it, so no benchmark overwrites what another wrote since it started.
+    cell merged into it, so no process overwrites what another wrote since it started.
     Within the cell, runs are kept per seed: the file's runs of other seeds stay if they
     had the same budget (iterations, time limit with any pretraining, pretrained start or
     not) and the mean is taken again; runs with another budget are replaced. The file's
     ``provenance`` is that of this last writer (``started``: when its command began);
-    each run keeps its own. Returns the document as written.
+    each run keeps its own; ``command`` is the command line it records (default:
+    ``sys.argv``). Returns the document as written.
     """
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         merged = json.loads(path.read_text()) if path.exists() else {}
-        # Pretrained models are per seed: a benchmark of other seeds keeps the file's.
+        # Pretrained models are per seed: a process of other seeds keeps the file's.
         pretrained = {
             **merged.get("setup", {}).get("pretrain", {}),
             **doc["setup"].get("pretrain", {}),
@@ -63,7 +69,8 @@ def save_cell(
             merged["setup"]["pretrain"] = pretrained
         cells = merged.setdefault("results", {}).setdefault(name, {})
         cells[seat] = _merge_cell(cells.get(seat), doc["results"][name][seat])
-        write_results(path, merged, started=started, indent=1)
+        argv = None if command is None else list(command)
+        write_results(path, merged, started=started, argv=argv, indent=1)
     finally:
         os.close(folder)  # closing the descriptor releases the lock
     return merged
