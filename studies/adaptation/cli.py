@@ -139,7 +139,7 @@ def adaptation_parser() -> argparse.ArgumentParser:
         description="Does training on the last episode teach opponent identification? "
         "Trains each method for each seat and seed on Kuhn Poker and evaluates it exactly "
         "against every deal sequence (studies/adaptation/README.md, "
-        "docs/results/adaptation.md). Minutes to hours.",
+        "studies/adaptation/results/adaptation.md). Minutes to hours.",
     )
     _add_common(p)
     p.add_argument("--methods", default="all", help="comma-separated, or all")
