@@ -59,7 +59,7 @@ from mage_rl.policy.asyncutil import run_sync
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.constrained import choice_token_ids
 from mage_rl.policy.decoding import RunningBatch
-from mage_rl.policy.prefix_cache import PrefixCache
+from mage_rl.policy.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
@@ -100,6 +100,9 @@ class LocalEngine:
             prefixes later prompts reuse instead of prefilling them again (shared system
             prompts, a conversation's earlier turns; see
             :mod:`~mage_rl.policy.prefix_cache`); 0 turns reuse off.
+        prefix_cache_entries: Most sequences kept for reuse (0 turns reuse off). With
+            small models this, not ``prefix_cache_mb``, is the bound that binds: a
+            server's memory grows under ordinary load until the cache holds this many.
         prefill_tokens: Most prompt tokens prefilled in one forward pass. A longer
             prompt is prefilled in chunks, with a decode step of the running requests
             between two chunks, so they keep streaming; smaller chunks mean smoother
@@ -126,15 +129,17 @@ class LocalEngine:
         name: str | None = None,
         prefix_cache_mb: float = 1024,
         prefill_tokens: int = 512,
+        prefix_cache_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
-        if prefix_cache_mb < 0 or prefill_tokens < 1:
+        if prefix_cache_mb < 0 or prefill_tokens < 1 or prefix_cache_entries < 0:
             raise ValueError(
-                f"prefix_cache_mb={prefix_cache_mb}, prefill_tokens={prefill_tokens}: give "
-                "prefix_cache_mb >= 0 (0 turns prefix reuse off) and prefill_tokens >= 1"
+                f"prefix_cache_mb={prefix_cache_mb}, prefill_tokens={prefill_tokens}, "
+                f"prefix_cache_entries={prefix_cache_entries}: give prefix_cache_mb >= 0 and "
+                "prefix_cache_entries >= 0 (0 turns prefix reuse off) and prefill_tokens >= 1"
             )
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -154,7 +159,9 @@ class LocalEngine:
         self.weight_version = 0
         self.stats = DecodeStats()
         self.prefix_cache = (
-            PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+            PrefixCache(int(prefix_cache_mb * 2**20), max_entries=prefix_cache_entries)
+            if prefix_cache_mb > 0 and prefix_cache_entries > 0
+            else None
         )
         self.prefill_tokens = prefill_tokens
         self._device = next(model.parameters()).device

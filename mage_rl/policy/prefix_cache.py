@@ -35,6 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+DEFAULT_MAX_ENTRIES = 1024
+"""Most sequences a cache keeps by default (bounds lookup time, and memory where the
+sequences are small)."""
+
 LayerStates = list[tuple[torch.Tensor, torch.Tensor] | None]
 """Per layer ``(keys, values)`` of shape ``(1, H, n, D)``; ``None`` for a layer that
 holds no cache of its own (it shares another layer's)."""
@@ -84,7 +88,9 @@ class PrefixCache:
             the prompt with every stored sequence).
     """
 
-    def __init__(self, max_bytes: int, *, min_tokens: int = 8, max_entries: int = 1024) -> None:
+    def __init__(
+        self, max_bytes: int, *, min_tokens: int = 8, max_entries: int = DEFAULT_MAX_ENTRIES
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes

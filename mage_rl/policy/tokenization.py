@@ -18,7 +18,9 @@ consequences:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -38,6 +40,19 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message
     Raises:
         ValueError: If the tokenizer has no chat template or ``messages`` is empty.
     """
+    text = render_text(tokenizer, messages)
+    # The template already holds every special token the model expects (ChatML has no
+    # BOS); letting the tokenizer add its own would put a second BOS in some vocabularies.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:
+    """The text of ``messages`` rendered by the chat template (what :func:`render_prompt`
+    tokenizes), for callers that check its length first.
+
+    Raises:
+        ValueError: If the tokenizer has no chat template or ``messages`` is empty.
+    """
     if not messages:
         raise ValueError("cannot render an empty chat: pass at least one message")
     if not getattr(tokenizer, "chat_template", None):
@@ -45,10 +60,89 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message
             f"tokenizer {type(tokenizer).__name__} has no chat_template; set one "
             "(mage_rl.policy.tiny.CHATML_TEMPLATE is ChatML) before generating"
         )
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    # The template already holds every special token the model expects (ChatML has no
-    # BOS); letting the tokenizer add its own would put a second BOS in some vocabularies.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return str(
+        tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    )
+
+
+# Unicode's longest canonical decomposition is 4 code points, so composing (NFC, NFKC)
+# shortens a text at most 4 times; decomposing and lower-casing only lengthen it.
+_UNICODE_FORMS = {"NFC": 4, "NFKC": 4, "NFD": 1, "NFKD": 1, "Lowercase": 1, "Prepend": 1}
+_KEEPING_SPLITS = {"ByteLevel", "Metaspace", "Digits", "UnicodeScripts"}
+
+
+def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """A bound on the characters of text one token stands for, or ``None`` if unknown.
+
+    A text of ``n`` characters then has at least ``ceil(n / bound)`` tokens, which lets
+    a server refuse a prompt far over the context from its length alone, without
+    tokenizing it. The bound is the longest vocabulary piece or added token (a byte-level
+    piece spells each byte as one character, so it is never shorter than the text it
+    covers), times 4 when the tokenizer composes Unicode first (NFC, NFKC).
+
+    ``None`` (no bound: tokenize to know) for tokenizers that can drop text: a normalizer
+    that strips or rewrites it (BERT's, SentencePiece's precompiled one), a pre-tokenizer
+    that removes whitespace, a vocabulary that folds a long unknown span into one token
+    (WordPiece, fused unknown tokens), or a tokenizer without a fast backend.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except (ValueError, AttributeError):
+        return None
+    factor = _normalizer_factor(spec.get("normalizer"))
+    if factor is None or not _keeps_text(spec.get("pre_tokenizer")):
+        return None
+    model = spec.get("model") or {}
+    kind = model.get("type")
+    if kind == "BPE":
+        byte_level = "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+        if model.get("fuse_unk") and not (byte_level or model.get("byte_fallback")):
+            return None
+        pieces = model.get("vocab") or {}
+    elif kind == "Unigram":
+        if not model.get("byte_fallback"):
+            return None
+        pieces = {piece: 0 for piece, _score in model.get("vocab") or []}
+    else:
+        return None
+    longest = max((len(piece) for piece in pieces), default=0)
+    added = max((len(t.get("content", "")) for t in spec.get("added_tokens") or []), default=0)
+    return max(longest, added, 1) * factor
+
+
+def _normalizer_factor(node: dict[str, Any] | None) -> int | None:
+    """How many times a normalizer can shorten a text (``None``: without a bound)."""
+    if node is None:
+        return 1
+    kind = node.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for part in node.get("normalizers") or []:
+            inner = _normalizer_factor(part)
+            if inner is None:
+                return None
+            factor *= inner
+        return factor
+    if kind == "Replace":
+        pattern = (node.get("pattern") or {}).get("String")
+        content = node.get("content") or ""
+        return 1 if pattern is not None and len(content) >= len(pattern) else None
+    return _UNICODE_FORMS.get(str(kind))
+
+
+def _keeps_text(node: dict[str, Any] | None) -> bool:
+    """Whether a pre-tokenizer keeps every character of the text in some piece."""
+    if node is None:
+        return True
+    kind = node.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(part) for part in node.get("pretokenizers") or [])
+    if kind in ("Split", "Punctuation"):
+        return node.get("behavior") != "Removed"
+    return kind in _KEEPING_SPLITS
 
 
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: object = None) -> set[int]:

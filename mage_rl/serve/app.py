@@ -9,12 +9,14 @@ Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
 
 * 400: malformed JSON, nesting too deep, lone surrogates, a body that fails validation
   (ranges and strict types, see :mod:`.protocol`), an unsupported field, a prompt (plus
-  ``max_tokens``) longer than the model's context, a chat template that rejects the
-  messages, sampling that fails for this request alone;
+  ``max_tokens``) longer than the model's context (refused from its length alone, before
+  tokenizing, when no tokenization of that many characters could fit), a chat template
+  that rejects the messages, sampling that fails for this request alone; a request line
+  or headers that cannot be parsed (:mod:`.connection`);
 * 401: missing or wrong API key (only when the server has one; every path but
   ``/health``);
-* 404: unknown model or route; 405: wrong method; 408: a body that does not arrive in
-  time; 413: a body over the size limit (:mod:`.limits`);
+* 404: unknown model or route; 405: wrong method; 408: headers or a body that do not
+  arrive in time; 413: a body over the size limit (:mod:`.limits`);
 * 500: anything unexpected, logged with its traceback; 503: the engine is shut down.
 
 No request can stop the server or hurt another: bodies are bounded before parsing,
@@ -39,7 +41,7 @@ from starlette.requests import ClientDisconnect
 
 from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
-from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.tokenization import max_chars_per_token, render_text
 from mage_rl.serve import responses
 from mage_rl.serve.generate import (
     Choice,
@@ -49,6 +51,7 @@ from mage_rl.serve.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     Guard,
+    check_api_key,
     parse_json,
 )
 from mage_rl.serve.protocol import (
@@ -85,11 +88,15 @@ class ServerState:
         api_key: str | None = None,
         default_max_tokens: int | None = None,
     ) -> None:
+        if api_key:
+            check_api_key(api_key)  # one clients can send, or a clear error at start-up
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key or None
         self.default_max_tokens = default_max_tokens
         self.created = int(time.time())
+        # Most characters one token stands for: a longer text cannot fit the context.
+        self.max_token_chars = max_chars_per_token(engine.tokenizer)
 
     # -- request checks ------------------------------------------------------------------
 
@@ -103,8 +110,11 @@ class ServerState:
                 code="model_not_found",
             )
 
-    def max_tokens(self, prompt_len: int, asked: int | None) -> int:
-        """The response limit of a prompt, or a 400 when it cannot fit the context."""
+    def max_tokens(self, prompt_len: int, asked: int | None, param: str = "messages") -> int:
+        """The response limit of a prompt, or a 400 when it cannot fit the context.
+
+        ``param`` names the request field that holds the prompt (``messages`` for chats,
+        ``prompt`` for text completions)."""
         context = self.engine.max_context
         room = context - prompt_len
         if room < 1:
@@ -112,7 +122,7 @@ class ServerState:
                 400,
                 f"the prompt has {prompt_len} tokens but the model's context holds "
                 f"{context}; shorten the prompt",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
         if asked is not None:
@@ -149,15 +159,34 @@ class ServerState:
 
     def render(self, body: ChatCompletionRequest) -> list[int]:
         try:
-            return render_prompt(self.engine.tokenizer, body.chat())
+            text = render_text(self.engine.tokenizer, body.chat())
         except Exception as error:  # template errors are jinja exceptions, not ValueError
             raise APIError(
                 400, f"the chat template cannot render these messages: {error}", param="messages"
-            ) from error
+            ) from None
+        return self.tokenize(text, "messages")
+
+    def tokenize(self, text: str, param: str) -> list[int]:
+        """Token ids of ``text``; a text too long to fit the context is refused from its
+        length first, without tokenizing it (which would take seconds and hundreds of MB
+        for a prompt of a few MB)."""
+        context = self.engine.max_context
+        if self.max_token_chars is not None:
+            least = -(-len(text) // self.max_token_chars)
+            if least >= context:
+                raise APIError(
+                    400,
+                    f"the prompt has {len(text)} characters, so at least {least} tokens (no "
+                    f"token of this model stands for more than {self.max_token_chars} "
+                    f"characters), but the model's context holds {context}; shorten the prompt",
+                    param=param,
+                    code="context_length_exceeded",
+                )
+        return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = list(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            ids = self.tokenize(prompt, "prompt")
         else:
             vocab = len(self.engine.tokenizer)
             bad = [t for t in prompt if not 0 <= t < vocab]
@@ -259,7 +288,8 @@ def create_app(
         if body.stream and len(prompts) > 1:
             raise APIError(400, "streaming takes a single prompt", param="prompt")
         plans = [
-            (p, state.sampling(body, state.max_tokens(len(p), body.max_tokens))) for p in prompts
+            (p, state.sampling(body, state.max_tokens(len(p), body.max_tokens, "prompt")))
+            for p in prompts
         ]
         top = body.logprobs or 0
         meta = responses.meta("cmpl", state)
@@ -328,7 +358,8 @@ def _validate(raw: bytes, model: type[RequestT]) -> RequestT:
         first = problems[0]
         param = ".".join(str(part) for part in first["loc"]) or None
         message = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in problems[:5]
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in problems[:5]
         )
         raise APIError(400, f"invalid request: {message}", param=param) from error
 

@@ -34,6 +34,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         body_timeout_s=args.body_timeout,
         drain_timeout_s=args.drain_timeout,
+        header_timeout_s=args.header_timeout,
+        prefix_cache_entries=args.prefix_cache_entries,
         served_model_name=args.served_model_name,
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
@@ -140,6 +142,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="time a request body may take to arrive (a client that sends fewer bytes than "
         "its Content-Length gets 408)",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time a connection may take to send a request's headers; a slower one gets "
+        "408 and is closed",
+    )
+    g.add_argument(
+        "--prefix-cache-entries",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="most prompts whose keys and values are kept for reuse by later prompts that "
+        "share their prefix (0: no reuse); with small models this bounds the server's "
+        "memory under load",
     )
     g = p.add_argument_group("vllm engine")
     g.add_argument(

@@ -18,7 +18,12 @@ says that is meant.
 
 Shutdown: on SIGTERM or SIGINT the server stops accepting connections, gives requests in
 flight up to ``drain_timeout_s`` to finish, cancels what is left (the engine drops those
-requests), closes the engine and returns; ``mage serve`` then exits with status 0.
+requests; a stream cut so ends with an error event and ``[DONE]``), closes the engine and
+returns; ``mage serve`` then exits with status 0.
+
+Connections: uvicorn runs :class:`~mage_rl.serve.connection.GuardedH11Protocol`, which
+closes a connection whose request headers take longer than ``header_timeout_s`` and
+answers unparseable requests with JSON.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ VLLM_HINT = (
 SERVE_HINT = "mage serve needs the serve extra: pip install 'mage-rl[serve]'"
 API_KEY_ENV = "MAGE_API_KEY"
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 
 
 def resolve_api_key(
@@ -55,23 +61,32 @@ def resolve_api_key(
     """The server's API key: from a file, the command line, or ``MAGE_API_KEY``.
 
     Raises:
-        ValueError: If both ``api_key`` and ``api_key_file`` are given, or the file is
-            empty.
+        ValueError: If both ``api_key`` and ``api_key_file`` are given, the file is
+            empty, or the key is not printable ASCII (see
+            :func:`~mage_rl.serve.limits.check_api_key`).
         FileNotFoundError: If ``api_key_file`` does not exist.
     """
+    from mage_rl.serve.limits import KEY_RULE, check_api_key
+
     if api_key and api_key_file:
         raise ValueError("give the API key once: --api-key or --api-key-file, not both")
     if api_key_file:
         path = Path(api_key_file).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"API key file {path} does not exist")
-        lines = path.read_text().strip().splitlines()
+        try:
+            lines = path.read_text(encoding="utf-8").strip().splitlines()
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"API key file {path} is not text (byte {error.start} is not UTF-8); {KEY_RULE}"
+            ) from None
         if not lines or not lines[0].strip():
             raise ValueError(f"API key file {path} is empty; put the key on its first line")
-        return lines[0].strip()
+        return check_api_key(lines[0].strip(), f"the key in {path}")
     if api_key:
-        return api_key
-    return (environ if environ is not None else os.environ).get(API_KEY_ENV) or None
+        return check_api_key(api_key, "--api-key")
+    key = (environ if environ is not None else os.environ).get(API_KEY_ENV) or None
+    return None if key is None else check_api_key(key, API_KEY_ENV)
 
 
 def check_exposure(host: str, api_key: str | None, insecure: bool = False) -> None:
@@ -106,6 +121,7 @@ def serve_in_thread(
     port: int | None = None,
     timeout: float = 30.0,
     drain_timeout_s: float | None = None,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
 ) -> Iterator[str]:
     """Run ``app`` on a real uvicorn server in a background thread.
 
@@ -116,6 +132,7 @@ def serve_in_thread(
         timeout: Seconds to wait for the server to start, and to stop.
         drain_timeout_s: On leaving, how long requests in flight may take to finish
             before they are cancelled (``None``: as long as they take).
+        header_timeout_s: Time a connection may take to send a request's headers.
 
     Yields:
         The API base URL, ``http://HOST:PORT/v1``, once the server accepts connections.
@@ -124,10 +141,12 @@ def serve_in_thread(
     _require_serve_extra()
     import uvicorn
 
+    from mage_rl.serve.connection import protocol_class
+
     port = port or free_port(host)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="off",
-        timeout_graceful_shutdown=drain_timeout_s,
+        timeout_graceful_shutdown=drain_timeout_s, http=protocol_class(header_timeout_s),
     )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
@@ -161,14 +180,21 @@ def serve_local(
     max_body_bytes: int | None = None,
     body_timeout_s: float | None = None,
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    prefix_cache_entries: int | None = None,
 ) -> None:
     """Serve ``spec`` with the local batched engine until SIGTERM or SIGINT (``mage serve``).
 
     Returns after a graceful shutdown (see the module docstring).
 
     Raises:
-        ValueError: For a non-loopback ``host`` without a key or ``insecure``, or a
-            ``drain_timeout_s`` below 0.
+        ValueError: For a non-loopback ``host`` without a key or ``insecure``, a key
+            that is not printable ASCII, a ``drain_timeout_s`` below 0, a
+            ``header_timeout_s`` not above 0 or ``prefix_cache_entries`` below 0.
+
+    ``prefix_cache_entries`` bounds the prompts whose keys and values the engine keeps
+    for reuse (``None``: the engine's default, 1,024; 0 turns reuse off); with the
+    engine's 1 GiB byte bound it is what bounds the server's memory under ordinary load.
     """
     _require_serve_extra()
     import uvicorn
@@ -176,10 +202,23 @@ def serve_local(
     from mage_rl.policy.engine import LocalEngine
     from mage_rl.policy.models import load_model, resolve_model
     from mage_rl.serve.app import create_app
+    from mage_rl.serve.connection import protocol_class
+    from mage_rl.serve.limits import check_api_key
 
     check_exposure(host, api_key, insecure)
+    if api_key:
+        check_api_key(api_key)
     if drain_timeout_s < 0:
         raise ValueError(f"the drain timeout must be >= 0 seconds, got {drain_timeout_s}")
+    engine_options: dict[str, Any] = {}
+    if prefix_cache_entries is not None:
+        if prefix_cache_entries < 0:
+            raise ValueError(
+                "the prefix cache holds >= 0 prompts (0 turns reuse off), got "
+                f"{prefix_cache_entries}"
+            )
+        engine_options["prefix_cache_entries"] = prefix_cache_entries
+    protocol = protocol_class(header_timeout_s)
     limits: dict[str, Any] = {}
     if max_body_bytes is not None:
         limits["max_body_bytes"] = max_body_bytes
@@ -190,14 +229,15 @@ def serve_local(
     name = served_model_name or spec
     with LocalEngine(
         model, tokenizer, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
-        seed=seed, name=name,
+        seed=seed, name=name, **engine_options,
     ) as engine:  # fmt: skip
         app = create_app(
             engine, name, api_key=api_key, default_max_tokens=default_max_tokens, **limits
         )
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="info", timeout_graceful_shutdown=drain_timeout_s
-        )
+            app, host=host, port=port, log_level="info", http=protocol,
+            timeout_graceful_shutdown=drain_timeout_s,
+        )  # fmt: skip
         logger.info("serving %s (%s) as %r on http://%s:%d/v1", spec, path, name, host, port)
         _draining_server(config).run()
     logger.info("server stopped")

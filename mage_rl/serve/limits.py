@@ -10,7 +10,10 @@ hides client disconnects from the routes). For every HTTP request it
 3. gives the body ``body_timeout_s`` to arrive: a client that announced more bytes than
    it sends gets a 408 instead of holding the connection forever;
 4. turns any unexpected exception into an OpenAI-shaped 500 and keeps serving, and a
-   request cancelled by a shutdown's drain limit into a 503.
+   request cancelled by a shutdown's drain limit into a 503 (a stream already under way
+   gets the error as its last event, then ``data: [DONE]``);
+5. after a request with a large body, hands the memory it freed back to the system
+   (:class:`_Releaser`).
 
 :func:`parse_json` then parses the body off the event loop and refuses, with 400s, what
 would otherwise reach the model as a 500: nesting deeper than :data:`MAX_JSON_DEPTH`
@@ -21,6 +24,7 @@ surrogates (``"\\ud800"`` is valid JSON but not encodable text, so the tokenizer
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hmac
 import json
 import logging
@@ -71,6 +75,8 @@ class Guard:
             raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
         if body_timeout_s <= 0:
             raise ValueError(f"body_timeout_s must be > 0, got {body_timeout_s}")
+        if api_key:
+            check_api_key(api_key)
         self.app = app
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
@@ -80,14 +86,21 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        started = streaming = finished = False
 
         async def tracked_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, streaming, finished
             if message["type"] == "http.response.start":
                 started = True
+                streaming = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message.get("headers", [])
+                )
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
             await send(message)
 
+        body_bytes = [0]
         try:
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
@@ -95,19 +108,28 @@ class Guard:
             if scope["path"] not in PUBLIC_PATHS:
                 check_key(self.api_key, headers.get("authorization", ""))
             self._check_length(headers.get("content-length"))
-            await self.app(scope, self._limited(receive), tracked_send)
+            await self.app(scope, self._limited(receive, body_bytes), tracked_send)
         except APIError as error:
             if not started:
                 await send_error(send, error)
         except asyncio.CancelledError:  # the drain limit of a shutdown ran out
+            error = APIError(503, _SHUTDOWN_MESSAGE, "server_error")
             if not started:
-                await send_error(send, APIError(503, _SHUTDOWN_MESSAGE, "server_error"))
-            raise
+                await send_error(send, error)
+            elif streaming and not finished:  # end the stream as a stream that failed does
+                await _end_stream(send, error)
+            else:
+                raise  # a plain response half sent: only dropping the connection is left
+            # Answered: the request ends here, without uvicorn's traceback of the cancel.
+            logger.warning("%s %s cut at the drain limit", scope.get("method"), scope["path"])
         except Exception:  # the last line of defence: log it, answer 500, keep serving
             logger.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
             if not started:
                 error = APIError(500, "internal server error (see the server log)", "server_error")
                 await send_error(send, error)
+        finally:
+            if body_bytes[0] >= RELEASE_AFTER_BYTES:
+                _RELEASER.soon()
 
     def _check_length(self, value: str | None) -> None:
         if value is None:
@@ -119,8 +141,9 @@ class Guard:
         if length > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
 
-    def _limited(self, receive: Receive) -> Receive:
-        """``receive`` that counts body bytes and bounds the time the body takes."""
+    def _limited(self, receive: Receive, counted: list[int]) -> Receive:
+        """``receive`` that counts body bytes (into ``counted[0]``) and bounds the time
+        the body takes."""
         received = 0
         body_done = False
         deadline = time.monotonic() + self.body_timeout_s
@@ -140,6 +163,7 @@ class Guard:
                 ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                counted[0] = received
                 if received > self.max_body_bytes:
                     raise _too_large(self.max_body_bytes)
                 body_done = not message.get("more_body", False)
@@ -150,14 +174,97 @@ class Guard:
         return limited
 
 
+async def _end_stream(send: Send, error: APIError) -> None:
+    """The last events of a stream cut short: the error, then ``[DONE]``."""
+    events = f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
+    try:
+        await send({"type": "http.response.body", "body": events, "more_body": False})
+    except Exception:  # the client is gone or the connection closed: nothing to tell
+        logger.debug("could not end a stream cut by the shutdown", exc_info=True)
+
+
+KEY_RULE = (
+    "an API key must be printable ASCII without spaces (letters, digits and punctuation), "
+    "which every HTTP client can send in an Authorization header"
+)
+
+
+def check_api_key(key: str, source: str = "the API key") -> str:
+    """Return ``key`` if clients can send it: printable ASCII, no spaces.
+
+    HTTP header values are bytes that servers read as Latin-1, so a key with other
+    characters could never be matched (and one holding undecodable bytes from the
+    environment used to make every authenticated request fail with a 500).
+
+    Raises:
+        ValueError: Naming ``source`` and the first character at fault.
+    """
+    for i, char in enumerate(key):
+        if not "!" <= char <= "~":
+            shown = char.encode("utf-8", "surrogateescape").hex(" ")
+            raise ValueError(
+                f"{source}: character {i + 1} of the API key (bytes {shown}) is not "
+                f"printable ASCII; {KEY_RULE}"
+            )
+    return key
+
+
+RELEASE_AFTER_BYTES = 1 << 20
+"""A request with a body this large has its memory handed back to the system after it."""
+
+
+class _Releaser:
+    """Hands the memory that large requests freed back to the operating system.
+
+    A request of a few MB allocates several copies of its body (bytes, parsed JSON, the
+    rendered prompt) on whichever worker thread ran it. glibc keeps what is freed in that
+    thread's arena for reuse, so a server that refused a few dozen near-limit prompts
+    kept 100 MB or more of resident memory it no longer used. ``malloc_trim(0)`` returns
+    the free pages; it runs on a worker thread, at most once per burst of large requests.
+    Elsewhere than glibc (macOS, musl) there is no such call and nothing is done.
+    """
+
+    def __init__(self) -> None:
+        self._trim = _malloc_trim()
+        self._scheduled = False
+
+    def soon(self, delay_s: float = 0.05) -> None:
+        if self._trim is None or self._scheduled:
+            return
+        self._scheduled = True
+        asyncio.get_running_loop().call_later(delay_s, self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_RELEASER = _Releaser()
+
+
 def check_key(api_key: str | None, authorization: str) -> None:
-    """Raise a 401 unless ``authorization`` is ``Bearer <api_key>`` (or no key is set)."""
+    """Raise a 401 unless ``authorization`` is ``Bearer <api_key>`` (or no key is set).
+
+    ``authorization`` is the header as Latin-1 text (how ASGI servers hand headers over),
+    so its bytes are compared with the key's: a token with any other bytes is simply
+    wrong, never an error (keys are printable ASCII, see :func:`check_api_key`).
+    """
     if api_key is None:
         return
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode(), api_key.encode()
-    ):
+    sent = token.strip().encode("latin-1", "replace")
+    expected = api_key.encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent, expected):
         raise APIError(
             401,
             "missing or incorrect API key; send 'Authorization: Bearer <key>' with the key "

@@ -152,21 +152,33 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _check_parts(cls, value: str | list[dict[str, Any]] | None) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, part in enumerate(value):
+            kind = part.get("type")
+            if kind != "text":
+                raise ValueError(
+                    f"part {i} has type {kind!r}, which this server does not take; send "
+                    "text parts ({'type': 'text', 'text': '...'}) only"
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                got = "null" if text is None else type(text).__name__
+                raise ValueError(
+                    f"part {i} is a text part whose 'text' is {got}; it must be a string"
+                )
+        return value
+
     def text(self) -> str:
-        """The content as one string (text parts joined); other part types are refused."""
+        """The content as one string (text parts joined; other parts are refused above)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        pieces = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"content part of type {part.get('type')!r} is not supported; "
-                    "this server takes text only"
-                )
-            pieces.append(part["text"])
-        return "".join(pieces)
+        return "".join(part["text"] for part in self.content)
 
 
 class ChatCompletionRequest(_Request):
