@@ -17,6 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from mage_rl.console import console, error, heading, notice
+from mage_rl.fileio import WRITE_FAILED_EXIT, WriteError
 
 log = logging.getLogger("mage_rl")
 
@@ -254,7 +255,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from mage_rl.cluster.backends import trainer_class
     from mage_rl.config import load_config
-    from mage_rl.rl.run_folder import latest_checkpoint
+    from mage_rl.rl.run_folder import latest_checkpoint, resume_command
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
     cfg = load_config(args.config, overrides)
@@ -270,14 +271,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
         while not args.resume and latest_checkpoint(run_dir) is not None:
             n += 1
             run_dir = Path(cfg.train.out_dir) / f"{name}-{n}"
-    trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+
+    def again() -> str:
+        return resume_command(args.config, run_dir, args.set, args.backend)
+
     try:
-        result = trainer.run()
-    except KeyboardInterrupt:
-        notice(
-            "interrupted", f"; resume with: mage train {args.config} --resume --run-dir {run_dir}"
-        )
-        return 130
+        trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+        try:
+            result = trainer.run()
+        except KeyboardInterrupt:
+            notice("interrupted", f"; resume with: {again()}")
+            return 130
+    except WriteError as exc:
+        # The checkpoints before the failed write are complete: the run resumes from the
+        # newest once there is room (docs/training.md, "Disk full").
+        error(exc)
+        what = "resume" if latest_checkpoint(run_dir) is not None else "start it again"
+        console.print(f"free space on that disk, then {what} with: {again()}")
+        return WRITE_FAILED_EXIT
     evaluation = result.pop("eval") or {}
     verdict = result.pop("verdict", [])
     if evaluation:
@@ -392,7 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.set_defaults(func=_cmd_rollout)
 
-    p = sub.add_parser("train", help="train an agent with MAGE")
+    p = sub.add_parser(
+        "train",
+        help="train an agent with MAGE",
+        epilog=f"exit status: 0 done; 2 refused (a config error); {WRITE_FAILED_EXIT} a write "
+        "failed (a full disk; the message says how to resume); 130 interrupted; 1 a crash",
+    )
     p.add_argument("config", help="YAML training config (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
@@ -467,6 +483,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mark_start()  # results files name the commit this command started from
     try:
         return int(args.func(args) or 0)
+    except WriteError as exc:  # a full disk: neither a crash nor a refused command
+        error(exc)
+        return WRITE_FAILED_EXIT
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         error(exc)
         return 2

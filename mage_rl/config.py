@@ -2,10 +2,13 @@
 
 Every section is a pydantic model that rejects unknown keys, so a typo fails at load
 time with the key's name (and the valid keys of its section) instead of being silently
-ignored. Cross-field rules are checked on load with a message that says how to fix them.
-``--set a.b=value`` overrides are applied to the raw YAML mapping before validation, so
-they are checked the same way. A config file must name its model (``policy.model``);
-YAML syntax errors and duplicate keys are reported with the file and line.
+ignored. Types are strict: ``true`` is not a number, ``1`` is not a boolean and ``2.5``
+is not an integer (an integer is a float, and ``1e-4`` reads as a float). Cross-field
+rules are checked on load with a message that says how to fix them. ``--set a.b=value``
+overrides are applied to the raw YAML mapping before validation, so they are checked the
+same way. A config file must name its model (``policy.model``), and a model path must
+exist. Every error names the dotted key and where its value came from: the file and
+line, or the ``--set`` that gave it.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from mage_rl.cluster.settings import OpenRLHFSection
 from mage_rl.config_yaml import (
     BASE_DIR_KEY,
+    Sources,
     describe_error,
+    key_lines,
     parse_overrides,
     read_yaml,
     set_path,
+    strict_scalars,
     with_plugins_loaded,
 )
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
@@ -33,7 +39,7 @@ ContextMode = Literal["reflection", "history", "history+reflection", "none"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class EnvConfig(_Strict):
@@ -199,6 +205,15 @@ class RunConfig(_Strict):
     meta: MetaEpisodeConfig = Field(default_factory=MetaEpisodeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    # Where load_config read each value, for errors found after loading (see locate).
+    _sources: Sources | None = PrivateAttr(default=None)
+
+    def locate(self, key: str, line: str) -> str:
+        """``line``, an error about ``key``, with where the value came from (the file
+        and line or the ``--set``) when the config was read by :func:`load_config`."""
+        if self._sources is None:
+            return line
+        return self._sources.locate([tuple(key.split("."))], line)
 
     @model_validator(mode="before")
     @classmethod
@@ -208,12 +223,15 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         from mage_rl.envs import POPULATION_PRESETS, Population, canonical_game, env_spec
+        from mage_rl.envs.opponents import WeightError
         from mage_rl.graphs import AGENT_GRAPHS
 
         self.env.name = canonical_game(self.env.name)
         AGENT_GRAPHS.canonical(self.meta.agent)
         try:
             population = Population.parse(self.env.population, game=self.env.name)
+        except WeightError as exc:
+            raise ValueError(f"env.population={self.env.population!r}: {exc}") from None
         except (ValueError, KeyError) as exc:
             raise ValueError(
                 f"env.population={self.env.population!r} is neither a preset "
@@ -280,13 +298,17 @@ def load_config(
     """
     cls = TrainConfig if cls is None else cls
     data: dict[str, Any] = {}
+    sources = Sources()
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         data = read_yaml(path)
-    for key, value in parse_overrides(overrides or []):
+        sources = Sources(path, key_lines(path))
+    items = overrides or []
+    for item, (key, value) in zip(items, parse_overrides(items), strict=True):
         set_path(data, key, value)
+        sources.overrides[tuple(key.split("."))] = item.strip()
     policy = data.get("policy")
     named = isinstance(policy, dict) and "model" in policy
     if path is not None and "policy" in cls.model_fields and not named:
@@ -297,26 +319,37 @@ def load_config(
     if path is not None:
         data[BASE_DIR_KEY] = str(Path(path).resolve().parent)
     try:
-        return cls.model_validate(data)
+        cfg = cls.model_validate(data)
     except ValidationError as exc:
-        lines = [describe_error(err, cls) for err in exc.errors()]
+        lines = [describe_error(err, cls, sources) for err in exc.errors()]
         training = sorted(set(data) & (set(TrainConfig.model_fields) - set(cls.model_fields)))
         if cls is RunConfig and training:
             lines.append(
                 f"  ({', '.join(training)}: sections of a training config; load it with "
                 "load_config(path, overrides) without cls, as every mage command does)"
             )
-        source = f" in {path}" if path else ""
-        raise ValueError(f"invalid config{source}:\n" + "\n".join(lines)) from None
+        raise ValueError("invalid config:\n" + "\n".join(lines)) from None
+    policy_section = getattr(cfg, "policy", None)
+    if isinstance(policy_section, PolicyConfig):
+        from mage_rl.policy.models import model_spec_problem
+
+        problem = model_spec_problem(policy_section.model)
+        if problem is not None:
+            line = f"policy.model={policy_section.model!r}: {problem}"
+            raise ValueError(f"invalid config:\n  {sources.locate([('policy', 'model')], line)}")
+    if isinstance(cfg, RunConfig):
+        cfg._sources = sources
+    return cfg
 
 
 # -- training --------------------------------------------------------------------------
 
 # The maths and learner settings are plain dataclasses next to the code that uses them;
 # pydantic validates them in place, rejecting unknown keys as for the sections above.
-ReturnConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
-AdvantageConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
-LearnerConfig.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
+
+
+for _section in (ReturnConfig, AdvantageConfig, LearnerConfig):
+    strict_scalars(_section)
 
 
 class EvalSection(_Strict):

@@ -117,3 +117,110 @@ def test_error_text_reaches_the_terminal_as_written(tmp_path: Path, capsys) -> N
     assert main(["train", str(path), "--set", "env.population=treasure:door:1"]) == 2
     out = capsys.readouterr().out
     assert "error:" in out and "'[str, Any]'" in out and "treasure:door:1" in out
+
+
+# -- strict types, and where each error came from ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("rollout.tasks=true", "rollout.tasks: Input should be a valid integer, got true"),
+        ("rollout.tasks=2.0", "rollout.tasks: Input should be a valid integer, got 2.0"),
+        ("rollout.tasks='4'", 'rollout.tasks: Input should be a valid integer, got "4"'),
+        ("meta.stop_on_success=1", "meta.stop_on_success: Input should be a valid boolean"),
+        ("policy.temperature=true", "policy.temperature: Input should be a valid number"),
+        ("learner.lr=true", "learner.lr: Input should be a valid number, got true"),
+        ("learner.ppo_epochs=1.5", "learner.ppo_epochs: Input should be a valid integer"),
+        ("returns.reward_to_go=1", "returns.reward_to_go: Input should be a valid boolean"),
+        ("advantages.omega=false", "advantages.omega: Input should be a valid number"),
+        ("eval.before=0", "eval.before: Input should be a valid boolean"),
+        ("openrlhf.zero_stage=true", "openrlhf.zero_stage: Input should be a valid integer"),
+    ],
+)
+def test_numbers_and_booleans_are_read_strictly(override: str, words: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(None, ["policy.model=tiny", override])
+    assert words in str(info.value)
+    assert f"(from --set {override})" in str(info.value)
+
+
+def test_integers_are_floats_and_yaml_1_2_floats_read_as_floats(tmp_path: Path) -> None:
+    path = _file(
+        tmp_path,
+        "policy:\n  model: tiny\n  temperature: 1\nlearner:\n  lr: 1e-4\n  temperature: 1\n"
+        "  betas: [0.9, 0.99]\n",
+    )
+    cfg = load_config(path, ["learner.kl_coef=2E-3", "learner.entropy_coef=0"])
+    assert cfg.learner.lr == 1e-4 and cfg.learner.kl_coef == 2e-3
+    assert cfg.policy.temperature == 1.0 and cfg.learner.betas == (0.9, 0.99)
+    assert cfg.learner.entropy_coef == 0.0
+
+
+def test_errors_name_the_file_and_line_of_their_key(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\nrollout:\n  group_size: 2\n  tasks: true\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert f"{path}:5: rollout.tasks: Input should be a valid integer, got true" in str(info.value)
+
+
+def test_an_override_is_blamed_not_the_file(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\nrollout:\n  tasks: 2\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path, ["rollout.tasks=true"])
+    message = str(info.value)
+    assert message.startswith("invalid config:\n") and str(path) not in message
+    assert "rollout.tasks: Input should be a valid integer, got true (from --set " in message
+
+
+def test_a_rule_across_keys_names_where_each_came_from(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\n  explore: 0.2\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert f"{path}:3: policy.explore=0.2 mixes uniform choices" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        load_config(path, ["policy.top_p=0.5", "policy.explore=0.0"])
+    message = str(info.value)
+    assert "policy.top_p=0.5, policy.top_k=0: the learner cannot reproduce" in message
+    assert "(from --set policy.top_p=0.5)" in message
+
+
+@pytest.mark.parametrize(
+    ("population", "weight"),
+    [
+        ("kuhn:aggressive=nan", "weight nan"),
+        ("kuhn:aggressive=inf,kuhn:conservative=1", "weight inf"),
+        ("kuhn:aggressive=-1", "weight -1"),
+        ("kuhn:aggressive=0,kuhn:conservative=1", "weight 0"),
+        ("kuhn:aggressive=lots", "weight 'lots', not a number"),
+    ],
+)
+def test_population_weights_are_finite_and_positive(
+    tmp_path: Path, population: str, weight: str
+) -> None:
+    path = _file(tmp_path, f"policy:\n  model: tiny\nenv:\n  population: '{population}'\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"{path}:4: env.population='{population}': opponent 'kuhn:aggressive' has" in message
+    assert weight in message and "weights must be finite numbers above 0" in message
+
+
+def test_a_missing_model_path_names_policy_model(tmp_path: Path) -> None:
+    path = _file(tmp_path, "env:\n  name: kuhn_poker\npolicy:\n  model: ./no/such/model\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert f"{path}:4: policy.model='./no/such/model': no such file or directory" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        load_config(path, ["policy.model=tiny:size=3"])
+    assert "policy.model='tiny:size=3': bad tiny model option" in str(info.value)
+    assert "(from --set policy.model=tiny:size=3)" in str(info.value)
+
+
+def test_an_unknown_key_without_a_close_match_still_reads_well(tmp_path: Path) -> None:
+    path = _file(tmp_path, "policy:\n  model: tiny\n  zzz: 1\n")
+    with pytest.raises(ValueError) as info:
+        load_config(path)
+    assert f"{path}:3: policy.zzz: unknown key. Valid keys of policy: model, dtype" in str(
+        info.value
+    )

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class OpenRLHFSection(BaseModel):
     """Placement of the actor, reference and vLLM engines (``train.backend: openrlhf``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
     actor_nodes: int = Field(1, ge=1, description="Nodes of the DeepSpeed actor group.")
     actor_gpus_per_node: int = Field(

@@ -21,6 +21,7 @@ id becomes an opponent::
 from __future__ import annotations
 
 import inspect
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,26 @@ def canonical_spec(spec: str) -> str:
     return ":".join([canonical_game(parts[0]), *parts[1:]])
 
 
+_WEIGHT_RULE = "weights must be finite numbers above 0"
+
+
+class WeightError(ValueError):
+    """A population weight that is not a finite number above 0."""
+
+
+def _parse_weight(spec: str, text: str) -> float:
+    """The weight written after ``spec=``: a finite number above 0."""
+    try:
+        weight = float(text)
+    except ValueError:
+        raise WeightError(
+            f"opponent {spec!r} has weight {text.strip()!r}, not a number; {_WEIGHT_RULE}"
+        ) from None
+    if not math.isfinite(weight) or weight <= 0:
+        raise WeightError(f"opponent {spec!r} has weight {text.strip()}; {_WEIGHT_RULE}")
+    return weight
+
+
 @dataclass(frozen=True)
 class Population:
     """A weighted set of opponents; each meta-episode samples one (SPEC §1).
@@ -169,8 +190,9 @@ class Population:
         if not self.members:
             raise ValueError("a population needs at least one opponent")
         for spec, weight in self.members:
-            if weight < 0:
-                raise ValueError(f"opponent {spec!r} has negative weight {weight}")
+            if not math.isfinite(weight) or weight < 0:
+                kind = "negative weight" if weight < 0 else "weight"
+                raise WeightError(f"opponent {spec!r} has {kind} {weight}; {_WEIGHT_RULE}")
             make_opponent(spec)  # validates the spec early, with the list of valid ones
         if sum(w for _, w in self.members) <= 0:
             raise ValueError("population weights must not all be zero")
@@ -226,7 +248,7 @@ class Population:
             # Bare names take the game's prefix: "aggressive" and "mcts:300" alike.
             if game and spec.split(":")[0] not in ENVS:
                 spec = f"{game}:{spec}"
-            members.append((spec, float(weight) if weight else 1.0))
+            members.append((spec, _parse_weight(spec, weight) if weight else 1.0))
         return cls(tuple(members))
 
 

@@ -94,20 +94,45 @@ def load_model(
     elif name == "smollm2":
         model, tokenizer = _load_smollm2(torch_dtype, cache_root(cache_dir))
     else:
+        problem = model_spec_problem(name)
+        if problem is not None:
+            raise ValueError(f"unknown model spec {name!r}: {problem}")
         path = Path(name).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
+        if path.is_file():
             model, tokenizer = _load_gguf(path, torch_dtype)
-        elif path.is_dir() and (path / "config.json").is_file():
-            model, tokenizer = _load_hf_dir(path, torch_dtype)
         else:
-            why = "does not exist" if not path.exists() else "is not a model directory or .gguf"
-            raise ValueError(f"unknown model spec {name!r} ({why}); use {_VALID_SPECS}")
+            model, tokenizer = _load_hf_dir(path, torch_dtype)
     model = model.to(device=device).eval()  # type: ignore[call-arg]  # wrapped .to()
     _ensure_chat_template(tokenizer, name)
     logger.info(
         "loaded %s (%s, %s) in %.2fs", name, torch_dtype, device, time.perf_counter() - start
     )
     return model, tokenizer
+
+
+def model_spec_problem(spec: str) -> str | None:
+    """What is wrong with a model spec before anything loads, or ``None``.
+
+    ``tiny`` (with valid options), ``smollm2``, a ``.gguf`` file and a directory with
+    ``config.json`` pass; a path that does not exist or holds no model is named with the
+    forms that load.
+    """
+    name = os.fspath(spec)
+    if name == "tiny" or name.startswith("tiny:"):
+        try:
+            parse_tiny_spec(name)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    if name == "smollm2":
+        return None
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return None
+    if path.is_dir() and (path / "config.json").is_file():
+        return None
+    why = "no such file or directory" if not path.exists() else "not a model directory or .gguf"
+    return f"{why}; use {_VALID_SPECS}"
 
 
 def default_device() -> torch.device:

@@ -57,7 +57,8 @@ class LearnerCheckpoints:
         (:meth:`state_dict_for_inference`) and the adapters alone go to ``adapter/``,
         which :meth:`load` restores. Everything is written to a temporary sibling
         directory that then replaces ``directory`` by renames, so a crash never leaves a
-        half-written checkpoint.
+        half-written checkpoint; a write that fails (a full disk) removes the temporary
+        directory and leaves ``directory`` as it was.
 
         Returns:
             The checkpoint directory.
@@ -69,20 +70,26 @@ class LearnerCheckpoints:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        if self.config.lora:
-            self.model.save_pretrained(tmp / ADAPTER_DIR)
-            self.export(tmp / MODEL_DIR)
-        else:
-            self.model.save_pretrained(tmp / MODEL_DIR)
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(self._rng_state(), tmp / "rng.pt")
-        meta = {
-            "step": self.step,
-            "entropy_coef": self.entropy_coef,
-            "lora": self.config.lora,
-            "config": asdict(self.config),
-        }
-        (tmp / "learner.json").write_text(json.dumps(meta, indent=2))
+        try:
+            if self.config.lora:
+                self.model.save_pretrained(tmp / ADAPTER_DIR)
+                self.export(tmp / MODEL_DIR)
+            else:
+                self.model.save_pretrained(tmp / MODEL_DIR)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self._rng_state(), tmp / "rng.pt")
+            meta = {
+                "step": self.step,
+                "entropy_coef": self.entropy_coef,
+                "lora": self.config.lora,
+                "config": asdict(self.config),
+            }
+            (tmp / "learner.json").write_text(json.dumps(meta, indent=2))
+        except Exception:
+            # A failed write (a full disk, most often): give the space of the half-written
+            # copy back; the checkpoints already in place are untouched.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if old.exists():
             shutil.rmtree(old)
         if target.exists():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -214,6 +215,22 @@ def recorded_config(data: dict[str, Any]) -> dict[str, Any]:
     plugins = list(data.get("plugins") or [])
     loaded = [p for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
     return {**data, "plugins": plugins + [p for p in loaded if p not in plugins]}
+
+
+def resume_command(
+    config: str | Path, run_dir: Path, overrides: Sequence[str] = (), backend: str | None = None
+) -> str:
+    """The command that carries on a stopped run, to print when it stops: ``--resume``
+    when the folder holds a complete checkpoint (else the same start, which starts over
+    in the folder), with the run's ``--set`` overrides, which a resume must repeat."""
+    command = ["mage", "train", str(config)]
+    for item in overrides:
+        command += ["--set", item]
+    if backend:
+        command += ["--backend", backend]
+    if latest_checkpoint(run_dir) is not None:
+        command.append("--resume")
+    return shlex.join([*command, "--run-dir", str(run_dir)])
 
 
 def write_run_config(run_dir: Path, data: dict[str, Any]) -> None:

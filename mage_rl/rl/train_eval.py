@@ -23,7 +23,7 @@ from typing import Any
 
 from mage_rl.eval.metrics import summarize_records, summarize_with_intervals
 from mage_rl.eval.stratified import StratifiedDesign, stratified_ev, stratified_tasks
-from mage_rl.fileio import atomic_write_json
+from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
@@ -89,12 +89,18 @@ def summarize_eval(
 
 
 def write_eval(run_dir: Path, label: str, summary: dict[str, Any], records: list) -> Path:
-    """Write ``eval/LABEL.json`` and ``eval/LABEL.jsonl``; returns the summary's path."""
+    """Write ``eval/LABEL.json`` and ``eval/LABEL.jsonl``; returns the summary's path.
+
+    Raises:
+        WriteError: A write failed (a full disk, ...).
+    """
     from mage_rl.rl.rollout import write_jsonl
 
     out = run_dir / "eval" / f"{label}.json"
-    atomic_write_json(out, summary)
-    write_jsonl(records, out.with_suffix(".jsonl"))
+    with writing(out):
+        atomic_write_json(out, summary)
+    with writing(out.with_suffix(".jsonl")):
+        write_jsonl(records, out.with_suffix(".jsonl"))
     return out
 
 

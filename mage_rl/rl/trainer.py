@@ -15,14 +15,19 @@ A run folder holds ``config.yaml``, ``metrics.jsonl``, ``tb/``,
 ``checkpoints/iter_NNNNNN/`` (``model/`` is a plain HF checkpoint with its tokenizer) and
 ``eval/iter_NNNNNN.json``. Nothing is written into it before the config, the tasks and
 the model have all loaded. ``--resume`` continues from the newest complete checkpoint,
-cutting what the stopped run logged after it; Ctrl-C saves one and exits. The rules of
-the folder's life cycle are in :mod:`mage_rl.rl.run_folder`.
+cutting what the stopped run logged after it; Ctrl-C saves one and exits. A write into
+the folder that fails (a full disk) stops the run with a
+:class:`~mage_rl.fileio.WriteError` naming the file, after removing the half-written
+checkpoint; the checkpoints before it are complete, so the run resumes from the newest
+once there is space. The rules of the folder's life cycle are in
+:mod:`mage_rl.rl.run_folder`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +36,7 @@ import torch
 
 from mage_rl.config import TrainConfig
 from mage_rl.eval.metrics import summarize_records
-from mage_rl.fileio import atomic_write_json
+from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
@@ -68,7 +73,7 @@ def check_tasks(cfg: TrainConfig) -> None:
     try:
         resolve_seat(cfg.env.seat, 0)
     except ValueError as exc:
-        raise ValueError(f"env.seat={cfg.env.seat!r}: {exc}") from None
+        raise ValueError(cfg.locate("env.seat", f"env.seat={cfg.env.seat!r}: {exc}")) from None
     tasks, _ = runtime.training_tasks(cfg, 0)
     if cfg.eval.tasks:
         tasks += runtime.tasks_for(cfg, 1, cfg.eval.seed)
@@ -137,10 +142,11 @@ class Trainer:
         self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
         self.iteration = self.start_iteration
         self._eval_design: tuple[list[Any], Any] | None = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        clear_retired(self.run_dir / "checkpoints")
-        write_run_config(self.run_dir, cfg.model_dump(mode="json"))
-        self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
+        with writing(self.run_dir):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            clear_retired(self.run_dir / "checkpoints")
+            write_run_config(self.run_dir, cfg.model_dump(mode="json"))
+            self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
 
     # -- one iteration -------------------------------------------------------------------
 
@@ -185,14 +191,31 @@ class Trainer:
         return self._eval_design
 
     def save(self, iteration: int) -> Path:
+        """Write the checkpoint of ``iteration``, then retire older ones.
+
+        Raises:
+            WriteError: A write failed (the disk is full, ...); the incomplete checkpoint
+                is removed and the complete ones before it are kept.
+        """
         path = self.run_dir / "checkpoints" / checkpoint_name(iteration)
-        self.learner.save(path)
-        # model/ is a complete HF model (merged with LoRA): servable as it is.
-        self.tokenizer.save_pretrained(path / "model")
-        # Written last: its presence is what makes the checkpoint complete.
-        atomic_write_json(path / STATE_FILE, {"iteration": iteration})
-        retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
+        with writing(path):
+            try:
+                self.learner.save(path)
+                # model/ is a complete HF model (merged with LoRA): servable as it is.
+                self.tokenizer.save_pretrained(path / "model")
+                # Written last: its presence is what makes the checkpoint complete.
+                atomic_write_json(path / STATE_FILE, {"iteration": iteration})
+            except Exception:
+                if not (path / STATE_FILE).exists():  # incomplete: its space back
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
+            retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
+
+    def log(self, iteration: int, scalars: dict[str, float]) -> None:
+        """Log one iteration's scalars (``metrics.jsonl`` and TensorBoard)."""
+        with writing(self.run_dir / "metrics.jsonl"):
+            self.metrics.log(iteration, scalars)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -206,6 +229,7 @@ class Trainer:
         last_saved = self.start_iteration
         last_eval = self._logged_final_eval()
         final_logged = last_eval is not None
+        finished = False
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -242,7 +266,7 @@ class Trainer:
                         scalars.update(flatten_summary(last_eval, "eval"))
                     # Logged before the save: a kill in between resumes from the checkpoint
                     # before, which cuts this line and logs the iteration again, once.
-                    self.metrics.log(self.iteration, scalars)
+                    self.log(self.iteration, scalars)
                     if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
                         self.save(self.iteration)
                         last_saved = self.iteration
@@ -258,21 +282,30 @@ class Trainer:
                     and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
                 ):
                     last_eval = self.evaluate(self.iteration, eval_bar("trained"))
-                    self.metrics.log(self.iteration, flatten_summary(last_eval, "eval"))
+                    self.log(self.iteration, flatten_summary(last_eval, "eval"))
+            finished = True
         except KeyboardInterrupt:
             if self.iteration > last_saved:
                 logger.warning("interrupted: saving iteration %d before exiting", self.iteration)
                 self.save(self.iteration)
             raise
         finally:
-            self.metrics.close()
             self.engine.close()
+            try:
+                with writing(self.run_dir / "metrics.jsonl"):
+                    self.metrics.close()
+            except Exception as exc:
+                if finished:
+                    raise
+                # A full disk fails the last flush too; the error that stopped the run counts.
+                logger.warning("closing the metrics after a failure failed too: %s", exc)
         checkpoint = latest_checkpoint(self.run_dir)
         written = {}
         if last_eval is not None:
             from mage_rl.rl.train_report import write_training_report
 
-            written = write_training_report(self.run_dir, cfg, self.iteration, self._started)
+            with writing(self.run_dir):
+                written = write_training_report(self.run_dir, cfg, self.iteration, self._started)
         return {
             "run_dir": str(self.run_dir),
             "checkpoint": str(checkpoint / "model") if checkpoint else None,

@@ -133,9 +133,14 @@ def test_killed_runs_restart_and_log_each_iteration_once(
     ("override", "message"),
     [
         ("env.seat=third", "env.seat='third'"),
-        ("policy.model=/no/such/model", "/no/such/model"),
+        ("policy.model=/no/such/model", "policy.model='/no/such/model': no such file"),
         ("env.population=kuhn_trian", "env.population='kuhn_trian'"),
         ("env.population=kuhn:bluffer", "kuhn:bluffer"),
+        ("rollout.tasks=true", "rollout.tasks: Input should be a valid integer, got true"),
+        ("env.population=kuhn:aggressive=nan", "env.population='kuhn:aggressive=nan'"),
+        ("learner.lr=true", "learner.lr: Input should be a valid number, got true"),
+        ("meta.stop_on_success=1", "meta.stop_on_success: Input should be a valid boolean"),
+        ("policy.modle=tiny", "policy.modle: unknown key; did you mean 'model'?"),
     ],
 )
 def test_config_errors_leave_no_run_folder(
@@ -143,7 +148,8 @@ def test_config_errors_leave_no_run_folder(
 ) -> None:
     run = tmp_path / "run"
     assert _train(run, "--set", override) == 2
-    assert message in capsys.readouterr().out.replace("\n", "")
+    out = " ".join(capsys.readouterr().out.split())
+    assert message in out and f"(from --set {override})" in out
     assert not run.exists()
 
 
