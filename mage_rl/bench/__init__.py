@@ -4,6 +4,8 @@
   requests batched across concurrent meta-episodes versus decoded one at a time.
 * :func:`bench_learner`: PPO-update throughput of the embedded learner per forward dtype.
 * :func:`bench_serve`: requests per second of ``mage serve`` at 1 vs 16 concurrent clients.
+* :func:`~mage_rl.bench.hardware.bench_hardware`: the learner's update and the engine's
+  decode as a share of the machine's measured matmul peak and copy bandwidth.
 
 The learning probes (:mod:`mage_rl.bench.learning`) measure learning rather than speed.
 :mod:`mage_rl.bench.cli` is ``mage bench``. (The adaptation and identification studies

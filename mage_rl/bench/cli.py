@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mage_rl.bench.hardware import MODELS as HARDWARE_MODELS
 from mage_rl.bench.learning_cli import add_learning_parser
 from mage_rl.bench.rollout import POPULATIONS
 from mage_rl.bench.threads import apply_threads
@@ -37,6 +38,7 @@ BENCHMARKS = (
     "learning",
     "reuse",
     "layouts",
+    "hardware",
 )
 
 
@@ -132,7 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="benchmarks measured on this machine (ratios in one run)",
         description="Throughput benchmarks (rollout, learner, serve, reuse, layouts, vllm) "
-        "report ratios measured back to back in one process; textenvs times the Java text "
+        "report ratios measured back to back in one process; hardware measures the learner "
+        "and the engine against the machine's measured peak; textenvs times the Java text "
         "worlds; learning runs the learning probes. See docs/benchmarks.md.",
     )
     benches = bench.add_subparsers(
@@ -296,6 +299,56 @@ def register(sub: argparse._SubParsersAction) -> None:
             "max_tokens",
             "dtype",
             engines=lambda a: a.engines.split(","),
+        )  # fmt: skip
+    )
+
+    p = benches.add_parser(
+        "hardware",
+        help="learner and engine as a share of this machine's measured peak",
+        description="Measures a large matmul and a memory copy, then the learner's PPO "
+        "update and the engine's decode on the same device, as tokens/s and as a share of "
+        "the measured peak (arithmetic: mage_rl/bench/hardware.py, docs/cluster.md).",
+    )
+    p.add_argument("--model", default="smollm2", choices=HARDWARE_MODELS)
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: CUDA if any")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--samples", type=int, default=16, help="samples per learner update")
+    p.add_argument("--prompt-len", type=int, default=300)
+    p.add_argument("--response-len", type=int, default=40)
+    p.add_argument("--kl-coef", type=float, default=0.1, help="0: no reference forward pass")
+    p.add_argument("--micro-batch-tokens", type=int, default=8192)
+    p.add_argument("--repeats", type=int, default=2, help="timed learner updates")
+    p.add_argument("--batch-sizes", default="1,16,64", help="engine batch sizes, comma-separated")
+    p.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per request")
+    p.add_argument("--rounds", type=int, default=1, help="decode timings per batch size")
+    p.add_argument("--matmul-size", type=int, default=0, help="0: 2048 on CPU, 8192 on CUDA")
+    p.add_argument("--copy-mib", type=int, default=0, help="0: 512 on CPU, 2048 on CUDA")
+    p.add_argument("--gradient-checkpointing", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--tokenizer", default=None, help="SmolLM2 tokenizer folder (Qwen3 shapes)")
+    p.add_argument("--profile", action="store_true", help="profile one learner update")
+    p.add_argument("--seed", type=int, default=0)
+    _add_common(p)
+    p.set_defaults(
+        func=_throughput(
+            "hardware",
+            "model",
+            "device",
+            "dtype",
+            "samples",
+            "prompt_len",
+            "response_len",
+            "kl_coef",
+            "micro_batch_tokens",
+            "repeats",
+            "decode_tokens",
+            "rounds",
+            "matmul_size",
+            "copy_mib",
+            "gradient_checkpointing",
+            "tokenizer",
+            "profile",
+            "seed",
+            batch_sizes=lambda a: [int(b) for b in a.batch_sizes.split(",") if b],
         )  # fmt: skip
     )
 

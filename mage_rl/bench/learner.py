@@ -31,7 +31,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -89,7 +89,6 @@ def bench_learner(
     import torch
 
     from mage_rl.policy.models import load_model
-    from mage_rl.rl.batching import Sample
     from mage_rl.rl.learner import Learner, LearnerConfig
 
     names = tuple(variants) if variants else tuple(dtypes)
@@ -128,34 +127,17 @@ def bench_learner(
                 seed=seed,
             ),
         )
-        unscored = [Sample(p, r, [0.0] * len(r), a) for p, r, a in ids]
-        old = learner.compute_logprobs(unscored)
-        batch = [Sample(p, r, lp, a) for (p, r, a), lp in zip(ids, old, strict=True)]
+        batch = on_policy_batch(learner, ids)
         tokens = sum(s.length for s in batch)
-
         logger.info("bench learner %s: warm-up update of %d tokens", dtype, tokens)
-        start = time.perf_counter()
-        warm = learner.update(batch)
-        warmup_s = time.perf_counter() - start
-        timings = []
-        cpu_start, wall_start = time.process_time(), time.perf_counter()
-        for _ in range(repeats):
-            start = time.perf_counter()
-            learner.update(batch)
-            timings.append(time.perf_counter() - start)
-        cpu_cores = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
-        update_s = min(timings)
+        cuda = learner.device.type == "cuda"
+        timed = time_updates(learner, batch, repeats, torch.cuda.synchronize if cuda else None)
         autocast = learner.autocast_dtype
         results[dtype] = {
             "autocast": str(autocast or torch.float32).removeprefix("torch."),
             "tokens_per_update": tokens,
-            "warmup_s": warmup_s,
-            "update_s": update_s,
-            "tokens_per_s": tokens / update_s,
-            "repeat_s": timings,
-            "cpu_cores": cpu_cores,
-            "approx_kl": warm["approx_kl"],
-            "clip_frac": warm["clip_frac"],
+            **timed,
+            "tokens_per_s": tokens / timed["update_s"],
         }
         logger.info("bench learner %s: %.1f tokens/s", dtype, results[dtype]["tokens_per_s"])
         del learner, lm, batch
@@ -185,6 +167,54 @@ def bench_learner(
         },
         "dtypes": results,
         "ratios": ratios,
+    }
+
+
+def on_policy_batch(learner: Any, ids: list[tuple[list[int], list[int], float]]) -> list[Any]:
+    """:class:`~mage_rl.rl.batching.Sample` objects of ``ids`` whose old log-probs are the
+    learner's own, so the PPO ratio starts at 1 and an update does the work of one on
+    fresh rollouts."""
+    from mage_rl.rl.batching import Sample
+
+    unscored = [Sample(p, r, [0.0] * len(r), a) for p, r, a in ids]
+    old = learner.compute_logprobs(unscored)
+    return [Sample(p, r, lp, a) for (p, r, a), lp in zip(ids, old, strict=True)]
+
+
+def time_updates(
+    learner: Any, batch: Sequence[Any], repeats: int, sync: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """One warm-up :meth:`~mage_rl.rl.learner.Learner.update`, then ``repeats`` timed ones.
+
+    ``sync`` (say ``torch.cuda.synchronize``) runs before each clock reading, so queued
+    GPU work is counted in the update that queued it.
+
+    Returns:
+        ``warmup_s``, ``update_s`` (the fastest timed update), ``repeat_s`` (all of them),
+        ``cpu_cores`` (process CPU time over wall time of the timed updates), and
+        ``approx_kl`` and ``clip_frac`` of the warm-up update.
+    """
+    sync = sync or (lambda: None)
+    sync()
+    start = time.perf_counter()
+    warm = learner.update(batch)
+    sync()
+    warmup_s = time.perf_counter() - start
+    timings = []
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        learner.update(batch)
+        sync()
+        timings.append(time.perf_counter() - start)
+    cpu_cores = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
+    return {
+        "warmup_s": warmup_s,
+        "update_s": min(timings),
+        "repeat_s": timings,
+        "cpu_cores": cpu_cores,
+        "approx_kl": warm["approx_kl"],
+        "clip_frac": warm["clip_frac"],
     }
 
 

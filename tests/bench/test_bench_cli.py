@@ -55,6 +55,12 @@ DEFAULTS = {
         model="smollm2", seed=0, json=None, threads=None, meta_episodes=16, episodes=3,
         max_tokens=48, dtype="auto", engines="vllm,local",
     ),
+    "hardware": dict(
+        model="smollm2", seed=0, json=None, threads=None, device=None, dtype="auto",
+        samples=16, prompt_len=300, response_len=40, kl_coef=0.1, micro_batch_tokens=8192,
+        repeats=2, batch_sizes="1,16,64", decode_tokens=32, rounds=1, matmul_size=0,
+        copy_mib=0, gradient_checkpointing="auto", tokenizer=None, profile=False,
+    ),
     "learning": dict(
         config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
         out="runs/learning", no_progress=False, diagnose=False, checkpoint=None,
