@@ -36,6 +36,7 @@ import torch
 
 from mage_rl.config import TrainConfig
 from mage_rl.eval.metrics import summarize_records
+from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval, write_eval
 from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import compute_advantages
@@ -51,7 +52,6 @@ from mage_rl.rl.run_folder import (
     start_checkpoint,
     write_run_config,
 )
-from mage_rl.rl.train_eval import eval_tasks, evaluate_baselines, summarize_eval, write_eval
 
 logger = logging.getLogger(__name__)
 
@@ -302,7 +302,7 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir)
         written = {}
         if last_eval is not None:
-            from mage_rl.rl.train_report import write_training_report
+            from mage_rl.eval.training_report import write_training_report
 
             with writing(self.run_dir):
                 written = write_training_report(self.run_dir, cfg, self.iteration, self._started)

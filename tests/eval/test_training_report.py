@@ -105,7 +105,7 @@ def test_eval_settings_that_cannot_work_are_refused() -> None:
 
 
 def test_fewer_baseline_tasks_are_the_first_of_the_same_tasks() -> None:
-    from mage_rl.rl.train_eval import eval_tasks
+    from mage_rl.eval.training import eval_tasks
 
     plain = load_config(CONFIG, ["eval.tasks=10"], TrainConfig)
     everything, _ = eval_tasks(plain)
@@ -124,7 +124,7 @@ def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> 
     """The report's reference lines are the game oracle's, for the run's population (the
     oracle's own values are tested in tests/eval/test_game_oracles.py)."""
     from mage_rl.eval import game_oracles
-    from mage_rl.rl.train_report import oracle_values
+    from mage_rl.eval.training_report import oracle_values
 
     asked = []
 
@@ -150,7 +150,7 @@ def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> 
 
 
 def test_games_without_a_payoff_get_a_verdict_on_success() -> None:
-    from mage_rl.rl.train_report import _verdict
+    from mage_rl.eval.training_report import _verdict
 
     def summary(mean: float, low: float, high: float) -> dict:
         est = {"mean": mean, "low": low, "high": high, "n": 48}

@@ -2,7 +2,7 @@
 
 ``mage train`` writes it after the final evaluation, from the files the run already has:
 
-- ``eval/untrained.json`` and ``eval/BASELINE.json`` (:mod:`mage_rl.rl.train_eval`), and
+- ``eval/untrained.json`` and ``eval/BASELINE.json`` (:mod:`mage_rl.eval.training`), and
   the final ``eval/iter_NNNNNN.json``: one row each, on the same tasks;
 - ``metrics.jsonl``: the training batches' ev@K (or success@K) per iteration;
 - the exact oracle values for the run's population (SPEC §9; Kuhn Poker, Leduc Hold'em and
@@ -25,9 +25,9 @@ from mage_rl.eval.decisions import (
     episodes_table,
     small_game_counts,
 )
+from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
-from mage_rl.rl.train_eval import UNTRAINED, baseline_labels
 
 SEATS = ("first", "second")
 

@@ -11,7 +11,7 @@ All of them meet exactly the same task instances, so the differences are the age
 With ``eval.stratify`` the tasks are a stratified design over opponent, seat and last
 deal (:mod:`mage_rl.eval.stratified`), which narrows the ev@k intervals of card games.
 Each evaluation is written to ``eval/LABEL.json`` (summary) and ``eval/LABEL.jsonl``
-(meta-episodes); :mod:`mage_rl.rl.train_report` turns them into the run's report.
+(meta-episodes); :mod:`mage_rl.eval.training_report` turns them into the run's report.
 """
 
 from __future__ import annotations
