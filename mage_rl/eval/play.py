@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mage_rl.envs.names import canonical_game
 from mage_rl.rl.run_folder import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -142,9 +143,9 @@ def resolve_conditions(settings: Any, agents: list[AgentSpec]) -> dict[str, Any]
         if getattr(settings, name) is not None:
             continue
         if name == "opponents":
-            envs = out.get("envs") or settings.envs
+            envs = [canonical_game(e) for e in out.get("envs") or settings.envs]
             trained = {get_path(c, "env.name") for c in configs.values()}
-            if list(envs) != sorted(trained):  # the runs' populations play another game
+            if envs != sorted(trained):  # the runs' populations play another game
                 out[name] = CONDITION_DEFAULTS[name]
                 continue
         values = {label: get_path(c, key) for label, c in configs.items()}
