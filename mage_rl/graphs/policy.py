@@ -21,9 +21,13 @@ key                           value
 ============================  ==========================================================
 
 Its output gives the response the environment consumes: the ``action`` key when the
-graph's state has one and sets it, else the text of the last message in ``messages``
-(so a graph built on ``MessagesState`` works as it is). A graph only receives the keys
-its own state schema declares. The last call to the run's chat model before the
+graph's state has one and sets it, else the text of the last message in ``messages`` when
+that message is the model's reply (an ``AIMessage``; so a graph built on
+``MessagesState`` that appends its reply works as it is). Any other output is an error
+naming the graph and the keys it returned: a graph that forgets to append its reply
+returns the prompt's own user message last, and sending that text to the environment
+would only play invalid moves. A graph only receives the keys its own state schema
+declares. The last call to the run's chat model before the
 environment steps is the step's acting call unless a node marks another
 (``runtime.context.tracer.mark(reply, acting=True)``).
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.runtime import Runtime
 
 from mage_rl.nodes.core import message_text, play_prompt
@@ -70,23 +74,33 @@ def policy_input(state: MetaEpisodeState, ctx: MetaEpisodeContext) -> dict[str, 
     }
 
 
-def policy_action(output: Any) -> str:
+def policy_action(output: Any, graph: str = "policy") -> str:
     """The action text of a policy graph's output.
 
+    Args:
+        output: What the graph returned.
+        graph: The graph's name, for the error message.
+
     Raises:
-        ValueError: The output has neither an ``action`` string nor a last message.
+        ValueError: The output has neither an ``action`` string nor ``messages`` ending in
+            an ``AIMessage``.
     """
+    got = repr(output)
     if isinstance(output, dict):
         action = output.get("action")
         if isinstance(action, str) and action:
             return action
         messages = output.get("messages")
-        if messages and isinstance(messages[-1], BaseMessage):
-            return message_text(messages[-1])
+        last = messages[-1] if messages else None
+        if isinstance(last, AIMessage):
+            return message_text(last)
+        got = f"keys {sorted(output)}"
+        if isinstance(last, BaseMessage):
+            got += f", 'messages' ending in a {type(last).__name__}"
     raise ValueError(
-        "the policy graph returned neither an 'action' string nor 'messages' ending in the "
-        f"model's reply (got keys {sorted(output) if isinstance(output, dict) else output!r}); "
-        "give its state an 'action: str' key and set it, or append the reply to 'messages'"
+        f"the policy graph {graph!r} returned no action: neither an 'action' string nor "
+        f"'messages' ending in the model's reply (an AIMessage); got {got}. Give its state "
+        "an 'action: str' key and set it, or append the model's reply to 'messages'"
     )
 
 
@@ -103,8 +117,10 @@ def policy_node(
             f"policy must be a compiled LangGraph (StateGraph(...).compile()), got {graph!r}"
         )
 
+    name = str(getattr(graph, "name", None) or "policy")
+
     async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) -> dict:
         output = await graph.ainvoke(policy_input(state, runtime.context), context=runtime.context)
-        return {"action": policy_action(output)}
+        return {"action": policy_action(output, name)}
 
     return play
