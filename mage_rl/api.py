@@ -292,10 +292,7 @@ def load_agent(
             local engine).
     """
     from mage_rl import runtime
-    from mage_rl.config import RunConfig
-    from mage_rl.config_yaml import parse_overrides, set_path
-    from mage_rl.eval.play import run_config
-    from mage_rl.rl.run_folder import find_run
+    from mage_rl.eval.play import trained_config
 
     if endpoint is not None and not endpoint_model:
         raise ValueError(
@@ -303,19 +300,7 @@ def load_agent(
             "endpoint serves the model under (mage serve RUN serves it under RUN as typed, "
             "or under --served-model-name)"
         )
-    found = find_run(str(run))
-    if found is None:
-        raise ValueError(
-            f"{run} is not a training run: give its folder (it holds config.yaml and "
-            "checkpoints/) or one of its checkpoints"
-        )
-    run_dir, model_dir = found
-    data = run_config(run_dir)
-    set_path(data, "policy.model", str(model_dir))
-    set_path(data, "policy.explore", 0.0)
-    for key, value in parse_overrides(list(overrides)):
-        set_path(data, key, value)
-    cfg = RunConfig.model_validate(data)
+    run_dir, cfg = trained_config(run, list(overrides))
     if endpoint is None:
         engine = runtime.build_engine(cfg.policy)
     else:

@@ -36,6 +36,9 @@ class AgentSpec:
             trained checkpoint), or an OpenAI-compatible endpoint URL.
         endpoint_model: The model name an endpoint serves (endpoints only).
         run: The training run the model comes from, if any.
+        served: The agent an endpoint serves (``mage serve RUN --agent``), played as
+            it plays there (a :class:`~mage_rl.eval.served.ServedCard`); ``None`` for
+            a model.
         play: How it plays (:data:`~mage_rl.eval.play.PLAY_KEYS`), filled in by
             :class:`~mage_rl.eval.conditions.EvalConfig`.
         overridden: The play settings in which it departs from its run, with the run's
@@ -47,6 +50,7 @@ class AgentSpec:
     model: str
     endpoint_model: str | None = None
     run: str | None = None
+    served: Any = None
     play: dict[str, Any] = field(default_factory=dict)
     overridden: dict[str, Any] = field(default_factory=dict)
 
@@ -66,18 +70,22 @@ def parse_agents(
     ``MODEL`` defaults to ``default_model``; ``endpoint`` means the ``endpoint`` URL. A
     ``MODEL`` that is a training run (its folder, ``checkpoints/iter_N`` or its ``model``
     folder) plays with the run's graph unless ``STYLE`` names another registered agent;
-    with a run, a ``STYLE`` that is no agent's name is the label. The label defaults to
-    the style, or ``STYLE:MODEL-NAME`` when two agents share a style.
+    with a run, a ``STYLE`` that is no agent's name is the label. An endpoint URL after
+    a ``STYLE`` that is no agent's name is a served agent (``mage serve RUN --agent``;
+    :mod:`mage_rl.eval.served`), the one named by ``endpoint_model`` or the only one the
+    server lists, and that name is the label. The label defaults to the style, or
+    ``STYLE:MODEL-NAME`` when two agents share a style.
 
     Raises:
-        ValueError: An unknown style, ``endpoint`` without a URL, or two equal labels.
+        ValueError: An unknown style, ``endpoint`` without a URL, two equal labels, or a
+            served agent's server that cannot be reached.
     """
     from mage_rl.eval.play import run_play
     from mage_rl.rl.run_folder import find_run
 
     if not texts:
         raise ValueError("no agent to evaluate; pass e.g. --agent react --agent reflexion")
-    parsed: list[tuple[str, str, str | None, str | None]] = []
+    parsed: list[tuple[str, str, str | None, str | None, Any]] = []
     for text in texts:
         label = None
         head, at, tail = text.rpartition("@")
@@ -106,6 +114,17 @@ def parse_agents(
                     style,
                 )
             model = model_dir
+        if model == "endpoint" and endpoint:
+            model = endpoint
+        if model.startswith(("http://", "https://")) and style not in AGENT_GRAPHS:
+            from mage_rl.eval.served import served_agent
+
+            card = served_agent(model, endpoint_model)
+            if card is not None:  # the server runs the agent's own graph
+                if label is None and _LABEL.match(style):
+                    label = style
+                parsed.append(("mage", model, label or card.name, None, card))
+                continue
         if style not in AGENT_GRAPHS:
             raise ValueError(
                 f"unknown agent style {style!r} in {text!r}; use STYLE[=MODEL][@LABEL] with "
@@ -118,7 +137,7 @@ def parse_agents(
             model = endpoint
         if model.startswith(("http://", "https://")) and not endpoint_model:
             raise ValueError(f"agent {text!r} uses an endpoint; name its model: --endpoint-model")
-        parsed.append((style, model, label, run))
+        parsed.append((style, model, label, run, None))
 
     def short(model: str, run: str | None) -> str:
         if run is not None:
@@ -127,13 +146,14 @@ def parse_agents(
             return str(endpoint_model)
         return Path(model).name or model
 
-    styles = [style for style, _, _, _ in parsed]
+    styles = [style for style, _, _, _, _ in parsed]
     agents = []
-    for style, model, label, run in parsed:
+    for style, model, label, run, card in parsed:
         if label is None:
             label = style if styles.count(style) == 1 else f"{style}:{short(model, run)}"
         remote = model.startswith(("http://", "https://"))
-        agents.append(AgentSpec(label, style, model, endpoint_model if remote else None, run))
+        served_name = card.name if card is not None else endpoint_model
+        agents.append(AgentSpec(label, style, model, served_name if remote else None, run, card))
     labels = [a.label for a in agents]
     for label in labels:
         if labels.count(label) > 1:

@@ -23,9 +23,11 @@ log = logging.getLogger(__name__)
 AGENT_HELP = (
     "agent to evaluate, repeatable: STYLE[=MODEL][@LABEL]. STYLE is react, reflexion or "
     "mage; MODEL is tiny, smollm2, a local HF directory or .gguf (e.g. a trained "
-    "checkpoint: mage=runs/kuhn/checkpoints/iter_000010/model), an endpoint URL, or "
-    "'endpoint' for --endpoint; default --model. LABEL names it in tables (default: the "
-    "style, or STYLE:MODEL when two agents share a style)."
+    "checkpoint: mage=runs/kuhn/checkpoints/iter_000010/model), a training run "
+    "(NAME=runs/X plays as the run trained it), an endpoint URL, or 'endpoint' for "
+    "--endpoint; default --model. NAME=http://HOST:PORT/v1 with a NAME that is no style "
+    "plays the agent that server serves (mage serve RUN --agent). LABEL names it in "
+    "tables (default: the style, or STYLE:MODEL when two agents share a style)."
 )
 
 

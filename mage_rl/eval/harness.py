@@ -118,6 +118,51 @@ async def play_tasks(
             await aclose()
 
 
+async def play_served_tasks(
+    agent: AgentSpec,
+    cfg: EvalConfig,
+    play: RunConfig,
+    jobs: Sequence[tuple[TaskInstance, int]],
+    on_done: Callable[[MetaEpisodeRecord], None],
+) -> None:
+    """Play the ``jobs`` with the agent a server serves (:mod:`mage_rl.eval.served`),
+    ``cfg.concurrency`` sessions at a time, the game played here.
+
+    Raises:
+        ValueError: The evaluation's K is not the served agent's.
+    """
+    import os
+
+    import openai
+
+    from mage_rl.eval.served import play_served
+
+    card = agent.served
+    if play.meta.episodes != card.episodes:
+        raise ValueError(
+            f"agent {agent.label!r} plays {card.episodes} episodes a session on its server; "
+            f"evaluate it with --episodes {card.episodes}"
+        )
+    key = os.environ.get("MAGE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
+    client = openai.AsyncOpenAI(base_url=card.url, api_key=key, max_retries=0, timeout=600)
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    gate = asyncio.Semaphore(cfg.concurrency)
+
+    async def one(task: TaskInstance, rollout: int) -> None:
+        async with gate:
+            record = await play_served(
+                client, card, env_name=play.env.name, task=task, rollout=rollout,
+                protocol=play.env.protocol, max_turns=play.env.max_turns,
+                sampling=sampling, label=agent.label,
+            )  # fmt: skip
+        on_done(record)
+
+    try:
+        await asyncio.gather(*(one(task, rollout) for task, rollout in jobs))
+    finally:
+        await client.close()
+
+
 class _Policies:
     """Each distinct model (with its dtype and engine) loaded once; its engine shared by
     the agents that use it."""
@@ -206,6 +251,9 @@ def run_evaluation(
                         on_record(record)
 
                 play = cfg.agent_config(agent, env)
+                if agent.served is not None:
+                    asyncio.run(play_served_tasks(agent, cfg, play, jobs, save))
+                    continue
                 graph = runtime.build_graph(play)
                 policy = policies.get(agent, play)
                 asyncio.run(play_tasks(graph, policy, cfg, play, jobs, agent.label, save))

@@ -226,3 +226,32 @@ def agent_config(agent: AgentSpec, env: str, settings: Any, population: str) -> 
     except ValidationError as exc:
         lines = "\n".join(describe_error(err, RunConfig) for err in exc.errors())
         raise ValueError(f"agent {agent.label!r} cannot play {env} so:\n{lines}") from None
+
+
+def trained_config(run: str | Path, overrides: list[str] | None = None) -> tuple[Path, RunConfig]:
+    """The run folder of ``run`` (a run folder, one of its checkpoints or a checkpoint's
+    ``model`` folder) and the config its agent plays with: the run's ``config.yaml`` with
+    ``policy.model`` set to the checkpoint, no exploration, and ``overrides``
+    (``key=value``) applied. ``mage serve RUN --agent`` and :func:`mage_rl.load_agent`
+    use it, as ``mage eval --agent NAME=RUN`` uses the run config.
+
+    Raises:
+        ValueError: ``run`` is no training run, or an override breaks a config rule.
+    """
+    from mage_rl.config import RunConfig
+    from mage_rl.config_yaml import parse_overrides, set_path
+    from mage_rl.rl.run_folder import find_run
+
+    found = find_run(str(run))
+    if found is None:
+        raise ValueError(
+            f"{run} is not a training run: give its folder (it holds config.yaml and "
+            "checkpoints/) or one of its checkpoints"
+        )
+    run_dir, model_dir = found
+    data = run_config(run_dir)
+    set_path(data, "policy.model", str(model_dir))
+    set_path(data, "policy.explore", 0.0)
+    for key, value in parse_overrides(list(overrides or [])):
+        set_path(data, key, value)
+    return Path(run_dir), RunConfig.model_validate(data)

@@ -113,6 +113,7 @@ class MetaEpisodeGraph:
         task_seed: int,
         opponent: str,
         extra: dict[str, Any] | None = None,
+        tracer: Tracer | None = None,
     ) -> MetaEpisodeState:
         """Play one meta-episode; returns the final state, ``turns`` holding every call.
 
@@ -123,8 +124,10 @@ class MetaEpisodeGraph:
             opponent: Opponent id.
             extra: Room for user nodes, given to them as ``runtime.context.extra`` (this
                 very dict, so a node's writes are visible to the caller).
+            tracer: The tracer that records the calls (default: a new one); a caller
+                that passes its own can read the calls while the meta-episode runs.
         """
-        tracer = Tracer(opponent)
+        tracer = tracer if tracer is not None else Tracer(opponent)
         context = MetaEpisodeContext(
             env=env,
             llm=tag_policy(llm),

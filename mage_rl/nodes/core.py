@@ -9,6 +9,7 @@ meta-episode is, so that each call gets its episode, step and role.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
@@ -112,6 +113,8 @@ async def reset_episode(
     ctx = runtime.context
     k = len(state.get("episodes", []))
     obs = ctx.env.reset(episode_seed(ctx.task_seed, k, ctx.options.protocol))
+    if inspect.isawaitable(obs):  # a game played by a client (mage_rl.envs.remote)
+        obs = await obs
     ctx.tracer.start_episode(k, obs)
     return {
         "episode": k,
@@ -147,6 +150,8 @@ async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]
     """Apply the pending action to the environment; the step's acting call takes its result."""
     ctx = runtime.context
     result = ctx.env.step(state.get("action", ""))
+    if inspect.isawaitable(result):
+        result = await result
     info = result.info
     ctx.tracer.end_step(
         observation=result.observation,

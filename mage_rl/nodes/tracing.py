@@ -194,6 +194,18 @@ class Tracer(AsyncCallbackHandler):
         self.between_episodes = False
         self._step_start = len(self._slots)
 
+    def pending_acting(self) -> Turn | None:
+        """The call that is the acting call of the current step if the environment steps
+        now (the last one marked acting, else the last call), or ``None``."""
+        calls = [
+            i
+            for i in range(self._step_start, len(self._slots))
+            if (t := self._slots[i]) is not None and t.kind == "call" and i in self._finished
+        ]
+        marked = [i for i in calls if i in self._marked_acting]
+        chosen = (marked or calls or [None])[-1]
+        return None if chosen is None else self._slots[chosen]
+
     def end_step(
         self,
         *,
@@ -208,14 +220,7 @@ class Tracer(AsyncCallbackHandler):
         Returns:
             The acting call's turn, or ``None`` when the step made no traced call.
         """
-        calls = [
-            i
-            for i in range(self._step_start, len(self._slots))
-            if (t := self._slots[i]) is not None and t.kind == "call" and i in self._finished
-        ]
-        marked = [i for i in calls if i in self._marked_acting]
-        chosen = (marked or calls or [None])[-1]
-        acting = None if chosen is None else self._slots[chosen]
+        acting = self.pending_acting()
         if acting is not None:
             acting.kind = "play"
             acting.invalid = invalid

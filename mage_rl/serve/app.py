@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.tokenization import max_chars_per_token, render_text
 from mage_rl.serve import responses
+from mage_rl.serve.agent import AgentSessions, completion_body, env_message, stream_body
 from mage_rl.serve.generate import (
     Choice,
     run_choices,
@@ -87,6 +89,7 @@ class ServerState:
         model_name: str,
         api_key: str | None = None,
         default_max_tokens: int | None = None,
+        agent: AgentSessions | None = None,
     ) -> None:
         if api_key:
             check_api_key(api_key)  # one clients can send, or a clear error at start-up
@@ -94,6 +97,7 @@ class ServerState:
         self.model_name = model_name
         self.api_key = api_key or None
         self.default_max_tokens = default_max_tokens
+        self.agent = agent
         self.created = int(time.time())
         # Most characters one token stands for: a longer text cannot fit the context.
         self.max_token_chars = max_chars_per_token(engine.tokenizer)
@@ -102,10 +106,13 @@ class ServerState:
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
+            served = repr(self.model_name)
+            if self.agent is not None:
+                served += f" (and the agent {self.agent.name!r}, on chat completions)"
             raise APIError(
                 404,
                 f"the model {name!r} does not exist on this server; it serves "
-                f"{self.model_name!r} (see GET /v1/models)",
+                f"{served} (see GET /v1/models)",
                 param="model",
                 code="model_not_found",
             )
@@ -207,13 +214,15 @@ def create_app(
     default_max_tokens: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    agent: AgentSessions | None = None,
 ) -> FastAPI:
     """Build the FastAPI application.
 
-    See :class:`ServerState` for the first four arguments and
-    :class:`~mage_rl.serve.limits.Guard` for the body limits.
+    See :class:`ServerState` for the first four arguments and ``agent``,
+    :class:`~mage_rl.serve.limits.Guard` for the body limits. With ``agent``, chat
+    requests that name it play the trained agent (:mod:`mage_rl.serve.agent`).
     """
-    state = ServerState(engine, model_name, api_key, default_max_tokens)
+    state = ServerState(engine, model_name, api_key, default_max_tokens, agent)
     app = FastAPI(title="mage serve", version="1", docs_url="/docs", redoc_url=None)
     app.state.mage = state
     app.add_middleware(
@@ -242,16 +251,23 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [responses.model_card(state)]}
+        cards = [responses.model_card(state)]
+        if agent is not None:
+            cards.insert(0, responses.agent_card(state, agent))
+        return {"object": "list", "data": cards}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
+        if agent is not None and model == agent.name:
+            return responses.agent_card(state, agent)
         state.check_model(model)
         return responses.model_card(state)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
+        if agent is not None and body.model == agent.name:
+            return await _agent_turn(request, agent, body)
         state.check_model(body.model)
         # Rendering and tokenizing a long chat takes a while: off the event loop.
         prompt = await asyncio.to_thread(state.render, body)
@@ -328,6 +344,21 @@ def create_app(
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+async def _agent_turn(
+    request: Request, agent: AgentSessions, body: ChatCompletionRequest
+) -> Response:
+    """One request of an agent's session (:mod:`mage_rl.serve.agent`)."""
+    message = env_message(body, agent.name)
+    sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                "seed": body.seed}  # fmt: skip
+    reply = await _answered(request, agent.turn(body.user, message, sampling))
+    meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": agent.name}  # fmt: skip
+    if body.stream:
+        return responses.sse(stream_body(reply, meta, body.include_usage_in_stream()))
+    return JSONResponse(completion_body(reply, meta))
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:

@@ -18,15 +18,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     if args.engine == "vllm":
+        if args.agent:
+            raise ValueError(
+                "--agent runs the agent's graph on the local engine; drop --engine vllm "
+                "(or serve the model with vLLM and bind the agent to it in Python: "
+                "mage_rl.load_agent(RUN, endpoint=URL, endpoint_model=NAME))"
+            )
         return serve_vllm(
             args.model, host=args.host, port=args.port, api_key=api_key,
             served_model_name=args.served_model_name, extra_args=args.vllm_arg,
-            insecure=args.insecure, dtype=args.dtype,
+            insecure=args.insecure, dtype=args.dtype or "auto",
         )  # fmt: skip
     if args.max_body_mb <= 0:
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+    if not args.agent and (args.max_sessions is not None or args.session_idle is not None):
+        raise ValueError("--max-sessions and --session-idle bound the sessions of --agent")
     serve_local(
         args.model,
+        agent=args.agent,
+        max_sessions=args.max_sessions,
+        session_idle_s=args.session_idle,
         host=args.host,
         port=args.port,
         api_key=api_key,
@@ -59,6 +70,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         ".venv-vllm environment of scripts/setup.sh vllm).",
     )
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT")
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="MODEL_OR_CHECKPOINT is a training run: serve its trained agent too (its "
+        "graph, prompts and memory, every call on the trained weights) under the run "
+        "folder's name, one session per client game (docs/serving.md, 'Serving an agent')",
+    )
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -105,9 +123,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="auto",
+        default=None,
         choices=["auto", "bf16", "fp32"],
-        help="auto: bf16 where the hardware computes it natively (both engines)",
+        help="auto (the default; with --agent, the run's policy.dtype): bf16 where the "
+        "hardware computes it natively (both engines)",
     )
     g = p.add_argument_group("local engine")
     g.add_argument(
@@ -159,6 +178,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="most prompts whose keys and values are kept for reuse by later prompts that "
         "share their prefix (0: no reuse); with small models this bounds the server's "
         "memory under load",
+    )
+    g = p.add_argument_group("agent sessions (--agent)")
+    g.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most client games open at once; one more is refused with 429 (default 256)",
+    )
+    g.add_argument(
+        "--session-idle",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a session with no request for this long is closed; its next result is "
+        "refused as expired (default 600)",
     )
     g = p.add_argument_group("vllm engine")
     g.add_argument(

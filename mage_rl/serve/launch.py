@@ -171,7 +171,7 @@ def serve_local(
     port: int = 8000,
     api_key: str | None = None,
     served_model_name: str | None = None,
-    dtype: str = "auto",
+    dtype: str | None = None,
     max_batch_size: int = 32,
     batch_wait_ms: float = 5.0,
     default_max_tokens: int | None = None,
@@ -182,8 +182,14 @@ def serve_local(
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     prefix_cache_entries: int | None = None,
+    agent: bool = False,
+    max_sessions: int | None = None,
+    session_idle_s: float | None = None,
 ) -> None:
     """Serve ``spec`` with the local batched engine until SIGTERM or SIGINT (``mage serve``).
+
+    With ``agent``, ``spec`` is a training run and its trained agent is served too, under
+    the run folder's name, beside the plain model (:func:`agent_sessions`).
 
     Returns after a graceful shutdown (see the module docstring).
 
@@ -224,16 +230,38 @@ def serve_local(
         limits["max_body_bytes"] = max_body_bytes
     if body_timeout_s is not None:
         limits["body_timeout_s"] = body_timeout_s
-    path = resolve_model(spec)
-    model, tokenizer = load_model(path, dtype=dtype)  # type: ignore[arg-type]
     name = served_model_name or spec
+    trained = None
+    if agent:
+        from mage_rl.eval.play import trained_config
+
+        run_dir, trained = trained_config(spec)
+        if run_dir.name == name:
+            raise ValueError(
+                f"the agent and the plain model would both be named {name!r}; give the "
+                "model another name with --served-model-name"
+            )
+        path = trained.policy.model
+        dtype = dtype or trained.policy.dtype
+    else:
+        path = resolve_model(spec)
+    model, tokenizer = load_model(path, dtype=dtype or "auto")  # type: ignore[arg-type]
     with LocalEngine(
         model, tokenizer, max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms,
         seed=seed, name=name, **engine_options,
     ) as engine:  # fmt: skip
+        sessions = None
+        if trained is not None:
+            sessions = agent_sessions(
+                trained, engine, run_dir.name, max_sessions=max_sessions,
+                idle_s=session_idle_s,
+            )  # fmt: skip
+            logger.info("serving the agent %r of %s (%d episodes a session)",
+                        sessions.name, run_dir, sessions.episodes)  # fmt: skip
         app = create_app(
-            engine, name, api_key=api_key, default_max_tokens=default_max_tokens, **limits
-        )
+            engine, name, api_key=api_key, default_max_tokens=default_max_tokens,
+            agent=sessions, **limits,
+        )  # fmt: skip
         config = uvicorn.Config(
             app, host=host, port=port, log_level="info", http=protocol,
             timeout_graceful_shutdown=drain_timeout_s,
@@ -241,6 +269,46 @@ def serve_local(
         logger.info("serving %s (%s) as %r on http://%s:%d/v1", spec, path, name, host, port)
         _draining_server(config).run()
     logger.info("server stopped")
+
+
+def agent_sessions(
+    cfg: Any,
+    engine: Any,
+    name: str,
+    *,
+    max_sessions: int | None = None,
+    idle_s: float | None = None,
+) -> Any:
+    """The sessions of the agent the run config ``cfg`` describes, on ``engine``: its
+    graph (with the run's plugins) and, per session, a chat model with the run's token
+    limit and the request's sampling (default: the evaluation's, as ``mage eval``)."""
+    from mage_rl import runtime
+    from mage_rl.eval.settings import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
+    from mage_rl.policy.chat_model import seeded
+    from mage_rl.serve.agent import DEFAULT_IDLE_S, DEFAULT_MAX_SESSIONS, AgentSessions
+
+    graph = runtime.build_graph(cfg)
+
+    def chat_for(
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> Any:
+        chat = runtime.chat_model(
+            engine,
+            temperature=EVAL_TEMPERATURE if temperature is None else temperature,
+            top_p=EVAL_TOP_P if top_p is None else top_p,
+            top_k=EVAL_TOP_K if top_k is None else max(top_k, 0),
+            max_tokens=cfg.policy.max_tokens,
+        )
+        return chat if seed is None else seeded(chat, seed)
+
+    return AgentSessions(
+        graph, chat_for, name=name,
+        max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+        idle_s=DEFAULT_IDLE_S if idle_s is None else idle_s,
+    )  # fmt: skip
 
 
 def _draining_server(config: Any) -> Any:

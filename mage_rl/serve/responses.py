@@ -25,6 +25,7 @@ from mage_rl.serve.generate import (
 from mage_rl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
+    from mage_rl.serve.agent import AgentSessions
     from mage_rl.serve.app import ServerState
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,17 @@ def model_card(state: ServerState) -> dict[str, Any]:
         "created": state.created,
         "owned_by": "mage-rl",
         "max_model_len": state.engine.max_context,
+    }
+
+
+def agent_card(state: ServerState, agent: AgentSessions) -> dict[str, Any]:
+    """The served agent's entry in ``/v1/models`` (``mage``: what a client needs to play)."""
+    return {
+        "id": agent.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "mage-rl",
+        "mage": {"agent": True, "episodes": agent.episodes, "model": state.model_name},
     }
 
 
