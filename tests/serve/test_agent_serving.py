@@ -234,3 +234,55 @@ def test_expired_session_and_session_limit_are_refused(session_server) -> None:
                 model="echo", messages=[{"role": "user", "content": "-"}],
                 extra_body={"env": start("x")},
             )  # fmt: skip
+
+
+def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
+    """`mage serve RUN --agent` as a user types it: a real process, the agent under the
+    run folder's name beside the plain model, a game played over HTTP, streaming too."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from mage_rl.net import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "mage_rl.cli", "serve", str(planner_run), "--agent",
+           "--port", str(port), "--session-idle", "60"]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert process.poll() is None, process.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.3)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0)  # fmt: skip
+        ids = [c.id for c in client.models.list().data]
+        assert ids == ["planner_run", str(planner_run)]
+        task = {"seed": 5, "opponent": "kuhn:aggressive", "seat": 1}
+        played = play_over_http(client, "planner_run", task, 3, "cli-game")
+        assert len(played["rewards"]) == 3
+        # a streamed request gets the whole answer in one chunk, with the agent's calls
+        env = make_env("kuhn_poker", "kuhn:aggressive", seat=0)
+        chunks = list(client.chat.completions.create(
+            model="planner_run", user="streamed", stream=True,
+            messages=[{"role": "user", "content": "-"}],
+            extra_body={"env": start_message(env, env.reset(1), first=True)},
+        ))  # fmt: skip
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        extras = [c.model_extra["mage"] for c in chunks if (c.model_extra or {}).get("mage")]
+        assert len(extras) == 1 and extras[0]["calls"][-1]["kind"] == "play"
+        assert text == extras[0]["calls"][-1]["text"]  # the act call's answer is the action
+        # a plain-model request still works on the same server
+        plain = client.chat.completions.create(
+            model=str(planner_run), messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+        )
+        assert plain.choices[0].message.content is not None
+    finally:
+        process.terminate()
+        process.wait(60)
