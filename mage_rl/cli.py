@@ -444,8 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mage_rl.bench.cli import register as register_bench
     from mage_rl.eval.cli import register as register_eval
     from mage_rl.serve.cli import register as register_serve
+    from mage_rl.view.cli import register as register_view
 
-    for register in (register_eval, register_serve, register_bench):
+    for register in (register_eval, register_serve, register_bench, register_view):
         register(sub)
     return parser
 

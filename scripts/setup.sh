@@ -63,6 +63,16 @@ if [ "${1:-}" = "dev" ]; then
     if ! command -v java >/dev/null; then
         echo "note: ScienceWorld and TextWorld-Express need Java (apt-get install default-jre-headless)"
     fi
+    # The browser test of `mage view` drives Debian's Chromium through its ChromeDriver.
+    if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+        if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+            apt-get install -y -qq chromium chromium-driver >/dev/null \
+                || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+                || echo "note: the browser test of mage view needs chromium and chromium-driver"
+        else
+            echo "note: the browser test of mage view needs chromium and chromium-driver (apt-get install chromium chromium-driver)"
+        fi
+    fi
     # DeepSpeed ships as source and builds against the installed torch (no CUDA ops).
     "${PIP[@]}" install --no-compile setuptools wheel
     "${PIP[@]}" install --no-compile --no-build-isolation deepspeed==0.19.6
