@@ -401,6 +401,9 @@ class TrainSection(_Strict):
     )
     save_every: int = Field(1, ge=1, description="Checkpoint every N iterations (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    save_samples: int = Field(
+        5, ge=0, description="Calls and credit to samples/ every N iterations and the last. 0: off"
+    )
     backend: Literal["local", "ray", "openrlhf"] = Field(
         "local",
         description="local: one process; ray: rollout workers as Ray actors on CPUs, the "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from mage_rl.cluster.experience import experiences_from_records, keep_mage_advan
 from mage_rl.config import TrainConfig
 from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
+from mage_rl.rl.advantages import credit_parts
 from mage_rl.rl.metrics_log import MetricsLogger
 from mage_rl.rl.run_folder import (
     STATE_FILE,
@@ -140,6 +142,9 @@ class OpenRLHFTrainer(Trainer):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.show_progress = progress
+        self._started = time.time()
+        self._eval_design = None
+        self.credit = []
         # Same run-folder rules as the local trainer (mage_rl.rl.run_folder); a --resume
         # of a folder without a complete checkpoint starts from iteration 0.
         resume = start_checkpoint(self.run_dir, resume) is not None
@@ -244,17 +249,20 @@ class OpenRLHFTrainer(Trainer):
         finally:
             self._engines("sleep")
 
-    def evaluate(self, iteration: int) -> dict[str, Any]:
+    def evaluate(self, iteration: int, on_done: Any = None) -> dict[str, Any]:
         self._engines("wake_up")
         try:
-            return super().evaluate(iteration)
+            return super().evaluate(iteration, on_done)
         finally:
             self._engines("sleep")
 
     # -- update and checkpoints --------------------------------------------------------------
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
-        experiences = experiences_from_records(records, self.cfg.returns, self.cfg.advantages)
+        # As the local trainer: the credit is kept for the metrics and the samples file.
+        self.credit = credit_parts(records, self.cfg.returns, self.cfg.advantages)
+        advantages = [[c.advantage for c in calls] for calls in self.credit]
+        experiences = experiences_from_records(records, advantages=advantages)
         status, self.global_step = self.loop.train_step(experiences, self.global_step)
         return learner_stats(status, self.cfg.learner.kl_coef, self.cfg.learner.entropy_coef)
 

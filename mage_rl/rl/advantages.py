@@ -25,6 +25,8 @@ Algorithm (``estimator="gigpo"``), for a batch of meta-episode records:
    calls of different nodes never share a group (SPEC §4); ``anchor="local"`` adds the
    episode index.
 5. ``A = A_E + omega * A_S``, one scalar per turn, spread over its response tokens.
+   :func:`credit_parts` keeps the parts (``G``, ``S``, ``A_E``, ``A_S``, ``A``) of every
+   call, for the run folder's logs; :func:`compute_advantages` returns ``A`` alone.
 
 ``estimator="grpo"`` ignores steps: each record's final-episode reward is normalized
 within its group by mean and std, and every turn of the record gets that value.
@@ -318,25 +320,47 @@ def _check_stationary(records: Sequence[MetaEpisodeRecord], groups: Sequence[str
             )
 
 
-def compute_advantages(
+@dataclass(frozen=True)
+class CallCredit:
+    """The credit of one LLM call, part by part (SPEC §4-5).
+
+    Attributes:
+        reward: The task reward the environment emitted after the call (``Turn.reward``:
+            non-zero only on the last acting call of an episode).
+        ret: Step-wise return ``G`` (SPEC §4). GRPO: the record's final reward.
+        score: Episode-level score ``S``, the call's own penalties subtracted. GRPO: the
+            record's final reward.
+        a_episode: Episode-level advantage ``A_E`` (GiGPO eq. 3). GRPO: the advantage.
+        a_step: Step-level advantage ``A_S`` (GiGPO eq. 6-7). GRPO: 0.
+        advantage: ``A = A_E + omega * A_S`` (GiGPO eq. 8), what the learner trains the
+            call with.
+    """
+
+    reward: float
+    ret: float
+    score: float
+    a_episode: float
+    a_step: float
+    advantage: float
+
+
+def credit_parts(
     records: Sequence[MetaEpisodeRecord],
     ret_cfg: ReturnConfig | None = None,
     adv_cfg: AdvantageConfig | None = None,
-    step_only: bool = False,
-) -> list[list[float]]:
-    """Advantage of every turn of every record.
+) -> list[list[CallCredit]]:
+    """The credit of every turn of every record: return, score and advantage parts.
 
     Args:
         records: Meta-episodes of one training batch (all G rollouts of each group must
             be present: baselines are computed over what is passed in).
         ret_cfg: Reward mode, discounts, penalties (defaults: MAGE).
         adv_cfg: Estimator, normalization, anchor scope, grouping (defaults: MAGE).
-        step_only: Return GiGPO's step-level part ``A_S`` alone, without the
-            episode-level part or ``omega``.
 
     Returns:
-        ``advantages[i][j]`` for turn ``j`` of ``records[i]``, aligned with
-        ``records[i].turns``.
+        ``credit[i][j]`` for turn ``j`` of ``records[i]``, aligned with
+        ``records[i].turns``; ``credit[i][j].advantage`` is what
+        :func:`compute_advantages` returns.
 
     Raises:
         ValueError: On malformed records, or a stationary group holding several opponents.
@@ -348,10 +372,12 @@ def compute_advantages(
         _check_stationary(records, groups)
 
     if adv_cfg.estimator == "grpo":
-        if step_only:
-            raise ValueError("step_only needs the gigpo estimator: GRPO has no step-level part")
-        per_record = grpo_advantages([final_reward(r) for r in records], groups, adv_cfg.eps)
-        return [[float(a)] * len(r.turns) for r, a in zip(records, per_record, strict=True)]
+        finals = [final_reward(r) for r in records]
+        per_record = grpo_advantages(finals, groups, adv_cfg.eps)
+        return [
+            [CallCredit(float(t.reward), final, final, float(a), 0.0, float(a)) for t in r.turns]
+            for r, final, a in zip(records, finals, per_record, strict=True)
+        ]
 
     scores: list[np.ndarray] = []
     returns: list[np.ndarray] = []
@@ -373,24 +399,57 @@ def compute_advantages(
             "Set Turn.anchor to the observation the turn acted on.",
             unanchored,
         )
-    if step_only:
-        flat = step_level_advantages(
-            np.concatenate(returns), sample_groups, anchors, adv_cfg.norm, adv_cfg.eps
-        )
-    else:
-        flat = gigpo_advantages(
-            np.concatenate(scores),
-            np.concatenate(returns),
-            sample_groups,
-            anchors,
-            norm=adv_cfg.norm,
-            omega=adv_cfg.omega,
-            eps=adv_cfg.eps,
-        )
-    out: list[list[float]] = []
+    flat_g, flat_s = np.concatenate(returns), np.concatenate(scores)
+    a_episode = episode_level_advantages(flat_s, sample_groups, adv_cfg.norm, adv_cfg.eps)
+    a_step = step_level_advantages(flat_g, sample_groups, anchors, adv_cfg.norm, adv_cfg.eps)
+    # The sum of gigpo_advantages, written out so that its parts are kept.
+    advantage = a_episode + adv_cfg.omega * a_step
+    out: list[list[CallCredit]] = []
     start = 0
     for record in records:
-        stop = start + len(record.turns)
-        out.append([float(a) for a in flat[start:stop]])
-        start = stop
+        out.append(
+            [
+                CallCredit(
+                    float(t.reward),
+                    float(flat_g[i]),
+                    float(flat_s[i]),
+                    float(a_episode[i]),
+                    float(a_step[i]),
+                    float(advantage[i]),
+                )
+                for i, t in enumerate(record.turns, start=start)
+            ]
+        )
+        start += len(record.turns)
     return out
+
+
+def compute_advantages(
+    records: Sequence[MetaEpisodeRecord],
+    ret_cfg: ReturnConfig | None = None,
+    adv_cfg: AdvantageConfig | None = None,
+    step_only: bool = False,
+) -> list[list[float]]:
+    """Advantage of every turn of every record (the ``advantage`` of :func:`credit_parts`).
+
+    Args:
+        records: Meta-episodes of one training batch (all G rollouts of each group must
+            be present: baselines are computed over what is passed in).
+        ret_cfg: Reward mode, discounts, penalties (defaults: MAGE).
+        adv_cfg: Estimator, normalization, anchor scope, grouping (defaults: MAGE).
+        step_only: Return GiGPO's step-level part ``A_S`` alone, without the
+            episode-level part or ``omega``.
+
+    Returns:
+        ``advantages[i][j]`` for turn ``j`` of ``records[i]``, aligned with
+        ``records[i].turns``.
+
+    Raises:
+        ValueError: On malformed records, or a stationary group holding several opponents.
+    """
+    if step_only and adv_cfg is not None and adv_cfg.estimator == "grpo":
+        raise ValueError("step_only needs the gigpo estimator: GRPO has no step-level part")
+    credit = credit_parts(records, ret_cfg, adv_cfg)
+    if step_only:
+        return [[c.a_step for c in calls] for calls in credit]
+    return [[c.advantage for c in calls] for calls in credit]

@@ -1,7 +1,8 @@
 """Training metrics to TensorBoard event files and a ``metrics.jsonl``.
 
-Names use fixed namespaces (``charts/``, ``losses/``, ``perf/``, ``eval/``) so curves
-from different runs line up. Each JSONL line is one iteration's flat mapping, flushed
+Names use fixed namespaces (``charts/``, ``losses/``, ``perf/``, ``eval/``, and
+``nodes/<node>/`` for the credit of each graph node's calls) so curves from different
+runs line up. Each JSONL line is one iteration's flat mapping, flushed
 right away so a crash loses nothing already logged.
 
 A resumed run opens the logger at the iteration of its checkpoint: lines logged after
@@ -18,10 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mage_rl.fileio import atomic_write_lines
+from mage_rl.records import MetaEpisodeRecord, Turn
+from mage_rl.rl.advantages import CallCredit
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,50 @@ def flatten_summary(summary: dict[str, Any], prefix: str) -> dict[str, float]:
         put(block, f"{prefix}/opponent/{opponent.split(':', 1)[-1]}")
     for seat, block in summary.get("by_seat", {}).items():
         put(block, f"{prefix}/seat/{seat}")
+    return out
+
+
+def node_metrics(
+    records: Sequence[MetaEpisodeRecord], credit: Sequence[Sequence[CallCredit]]
+) -> dict[str, float]:
+    """The credit of a batch's calls, node by node: ``{nodes/<node>/<metric>: value}``.
+
+    Per node (``Turn.node``; the turn kind when a call names none): ``calls``;
+    ``tokens``, the response tokens of its calls in all; ``return_mean``,
+    ``return_std``, ``advantage_mean``, ``advantage_std`` (population std),
+    ``a_episode_mean``, ``a_step_mean``; ``invalid_share`` over its acting calls (left
+    out when it has none); ``entropy``, the mean over its calls of the mean negative
+    log-prob of the sampled response tokens (a sample estimate of the per-token entropy
+    of the sampling distribution; left out when no call recorded log-probs).
+
+    Args:
+        records: The training batch.
+        credit: :func:`~mage_rl.rl.advantages.credit_parts` of ``records``.
+    """
+    by_node: dict[str, list[tuple[Turn, CallCredit]]] = {}
+    for record, calls in zip(records, credit, strict=True):
+        for turn, part in zip(record.turns, calls, strict=True):
+            by_node.setdefault(turn.node or turn.kind, []).append((turn, part))
+    out: dict[str, float] = {}
+    for node, pairs in sorted(by_node.items()):
+        turns = [t for t, _ in pairs]
+        returns = np.array([c.ret for _, c in pairs])
+        advantages = np.array([c.advantage for _, c in pairs])
+        where = f"nodes/{node}"
+        out[f"{where}/calls"] = float(len(pairs))
+        out[f"{where}/tokens"] = float(sum(len(t.response_ids) for t in turns))
+        out[f"{where}/return_mean"] = float(returns.mean())
+        out[f"{where}/return_std"] = float(returns.std())
+        out[f"{where}/advantage_mean"] = float(advantages.mean())
+        out[f"{where}/advantage_std"] = float(advantages.std())
+        out[f"{where}/a_episode_mean"] = float(np.mean([c.a_episode for _, c in pairs]))
+        out[f"{where}/a_step_mean"] = float(np.mean([c.a_step for _, c in pairs]))
+        acting = [t for t in turns if t.acting]
+        if acting:
+            out[f"{where}/invalid_share"] = sum(t.invalid for t in acting) / len(acting)
+        surprise = [-float(np.mean(t.logprobs)) for t in turns if t.logprobs]
+        if surprise:
+            out[f"{where}/entropy"] = float(np.mean(surprise))
     return out
 
 

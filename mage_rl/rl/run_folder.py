@@ -46,6 +46,7 @@ RESUMABLE_KEYS: tuple[str, ...] = (
     "train.iterations",
     "train.save_every",
     "train.keep_checkpoints",
+    "train.save_samples",
     "train.out_dir",
     "train.run_name",
     "train.ray_address",

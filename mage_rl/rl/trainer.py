@@ -9,17 +9,20 @@ One iteration:
 4. One PPO update over every turn (``rl.learner``), then push the new weights into the
    engine in memory.
 5. Evaluate on fixed seeds every ``eval.every`` iterations (and at the end); log to
-   TensorBoard and ``metrics.jsonl``; then checkpoint (HF format + optimizer + RNG).
+   TensorBoard and ``metrics.jsonl`` (with the credit of each graph node's calls,
+   ``nodes/<node>/...``); every ``train.save_samples`` iterations write the batch's calls
+   with their credit (:mod:`mage_rl.rl.samples`); then checkpoint (HF format + optimizer
+   + RNG).
 
 A run folder holds ``config.yaml``, ``metrics.jsonl``, ``tb/``,
-``checkpoints/iter_NNNNNN/`` (``model/`` is a plain HF checkpoint with its tokenizer) and
-``eval/iter_NNNNNN.json``. Nothing is written into it before the config, the tasks and
-the model have all loaded. ``--resume`` continues from the newest complete checkpoint,
-cutting what the stopped run logged after it; Ctrl-C saves one and exits. A write into
-the folder that fails (a full disk) stops the run with a
-:class:`~mage_rl.fileio.WriteError` naming the file, after removing the half-written
-checkpoint; the checkpoints before it are complete, so the run resumes from the newest
-once there is space. The rules of the folder's life cycle are in
+``checkpoints/iter_NNNNNN/`` (``model/`` is a plain HF checkpoint with its tokenizer),
+``eval/iter_NNNNNN.json`` and ``samples/iter_NNNNNN.jsonl.gz``. Nothing is written into
+it before the config, the tasks and the model have all loaded. ``--resume`` continues
+from the newest complete checkpoint, cutting what the stopped run logged after it;
+Ctrl-C saves one and exits. A write into the folder that fails (a full disk) stops the
+run with a :class:`~mage_rl.fileio.WriteError` naming the file, after removing the
+half-written checkpoint; the checkpoints before it are complete, so the run resumes from
+the newest once there is space. The rules of the folder's life cycle are in
 :mod:`mage_rl.rl.run_folder`.
 """
 
@@ -39,9 +42,9 @@ from mage_rl.eval.metrics import summarize_records
 from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval, write_eval
 from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.advantages import compute_advantages
+from mage_rl.rl.advantages import CallCredit, credit_parts
 from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
-from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary
+from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
 from mage_rl.rl.run_folder import (
     STATE_FILE,
     check_resume_config,
@@ -52,6 +55,7 @@ from mage_rl.rl.run_folder import (
     start_checkpoint,
     write_run_config,
 )
+from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +146,7 @@ class Trainer:
         self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
         self.iteration = self.start_iteration
         self._eval_design: tuple[list[Any], Any] | None = None
+        self.credit: list[list[CallCredit]] = []
         with writing(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             clear_retired(self.run_dir / "checkpoints")
@@ -159,7 +164,9 @@ class Trainer:
         )
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
-        advantages = compute_advantages(records, self.cfg.returns, self.cfg.advantages)
+        # Kept for the iteration's metrics and samples file: the credit of every call.
+        self.credit = credit_parts(records, self.cfg.returns, self.cfg.advantages)
+        advantages = [[c.advantage for c in calls] for calls in self.credit]
         samples = samples_from_records(records, advantages)
         if self.recompute_old_logprobs:
             # Sampled from the exploration mixture: the old log-probs are the mixture's.
@@ -212,6 +219,20 @@ class Trainer:
             retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
 
+    def save_samples(self, iteration: int, records: list[MetaEpisodeRecord]) -> Path:
+        """Write ``samples/iter_NNNNNN.jsonl.gz``: the batch's calls with the credit of
+        the last :meth:`learn` (:mod:`mage_rl.rl.samples`).
+
+        Raises:
+            WriteError: A write failed (the disk is full, ...); the file is not replaced.
+        """
+        path = sample_path(self.run_dir, iteration)
+        with writing(path):
+            write_samples(
+                self.run_dir, iteration, records, self.credit, self.tokenizer, self._started
+            )
+        return path
+
     def log(self, iteration: int, scalars: dict[str, float]) -> None:
         """Log one iteration's scalars (``metrics.jsonl`` and TensorBoard)."""
         with writing(self.run_dir / "metrics.jsonl"):
@@ -238,6 +259,9 @@ class Trainer:
             disable=not self.show_progress,
         )
         try:
+            # Iterations after the checkpoint are played again, their samples with them.
+            with writing(self.run_dir / SAMPLES_DIR):
+                prune_samples(self.run_dir, self.start_iteration, self._started)
             with progress:
                 it_bar = progress.add_task(
                     "iterations", total=total, completed=self.start_iteration, info=""
@@ -261,6 +285,8 @@ class Trainer:
                     t2 = time.perf_counter()
                     self.iteration = iteration + 1
                     scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
+                    if samples_due(self.iteration, total, cfg.train.save_samples):
+                        self.save_samples(self.iteration, records)
                     if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
                         last_eval = self.evaluate(self.iteration, eval_bar("trained"))
                         scalars.update(flatten_summary(last_eval, "eval"))
@@ -369,4 +395,5 @@ class Trainer:
                 "perf/learner_tokens_per_s": stats.get("tokens_per_s", 0.0),
             }
         )
+        scalars.update(node_metrics(records, self.credit))
         return scalars
