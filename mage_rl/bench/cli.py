@@ -39,6 +39,7 @@ BENCHMARKS = (
     "reuse",
     "layouts",
     "hardware",
+    "view",
 )
 
 
@@ -351,5 +352,18 @@ def register(sub: argparse._SubParsersAction) -> None:
             batch_sizes=lambda a: [int(b) for b in a.batch_sizes.split(",") if b],
         )  # fmt: skip
     )
+
+    p = benches.add_parser(
+        "view",
+        help="how fast mage view opens the page of a large run (headless Chromium)",
+        description="Makes a run folder of --meta-episodes training meta-episodes from the "
+        "saved samples of RUN, writes its page with mage view and times it in headless "
+        "Chromium: the first page drawn, and a meta-episode of the last chunk opened.",
+    )
+    p.add_argument("run", metavar="RUN", help="a training run with saved samples")
+    p.add_argument("--meta-episodes", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3, help="page loads timed")
+    _add_common(p)
+    p.set_defaults(func=_throughput("view", "run", "meta_episodes", "rounds"))
 
     add_learning_parser(benches, _add_common)

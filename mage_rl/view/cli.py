@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +37,27 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return serve_folder(out, args.host, args.port)
 
 
-def serve_folder(folder: Path, host: str, port: int) -> int:
-    """Serve ``folder`` over HTTP until Ctrl-C (static files only)."""
+def folder_server(folder: Path, host: str = "127.0.0.1", port: int = 0) -> Any:
+    """An HTTP server of the static files in ``folder`` (not started)."""
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    from mage_rl.console import notice
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             log.debug(format, *args)
 
+    handler = functools.partial(Quiet, directory=str(folder))
+    return ThreadingHTTPServer((host, port), handler)
+
+
+def serve_folder(folder: Path, host: str, port: int) -> int:
+    """Serve ``folder`` over HTTP until Ctrl-C (static files only)."""
+    from mage_rl.console import notice
+
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "serving on %s: anyone who reaches it reads the runs' prompts and answers", host
         )
-    handler = functools.partial(Quiet, directory=str(folder))
-    with ThreadingHTTPServer((host, port), handler) as server:
+    with folder_server(folder, host, port) as server:
         notice("serving", f" http://{host}:{server.server_address[1]}/ (Ctrl-C stops)",
                style="green")  # fmt: skip
         with contextlib.suppress(KeyboardInterrupt):

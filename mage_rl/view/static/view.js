@@ -176,7 +176,9 @@
       select.append(el("option", { value: "", text: "all" }));
       for (const v of values) select.append(el("option", { value: String(v), text: name === "run" ? runName(v) : String(v) }));
     }
-    form.addEventListener("input", () => { state.page = 0; applyFilters(); });
+    const update = () => { state.page = 0; applyFilters(); };
+    form.addEventListener("input", update);
+    form.addEventListener("change", update);
     form.addEventListener("submit", (e) => e.preventDefault());
   }
 
