@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,10 +18,10 @@ from typing import Any
 import pytest
 
 from mage_rl.cli import main
+from mage_rl.view.browser import chromium, chromium_missing, wait_for
 from mage_rl.view.build import build_site
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "extending"
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def test_the_page_holds_every_meta_episode_and_its_credit(run: Path, tmp_path: P
     assert built["chunks"] == -(-built["meta_episodes"] // 3)
     text = (tmp_path / "page" / "data" / "chunk_00000.js").read_text()
     assert text.startswith("MAGE.chunk(0,")
-    first = json.loads(text[len("MAGE.chunk(0,"):-3])
+    first = json.loads(text[len("MAGE.chunk(0,") : -3])
     call = first[0]["calls"][1]
     saved = samples[0]["calls"][1]
     assert (call["node"], call["response"]) == (saved["node"], saved["response"])
@@ -72,34 +71,11 @@ def test_view_refuses_a_folder_that_is_no_run(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def browser() -> Iterator[Any]:
-    if not (CHROMIUM and DRIVER):
-        pytest.skip("the browser test needs chromium and chromium-driver "
-                    "(apt-get install chromium chromium-driver; scripts/setup.sh dev does)")  # fmt: skip
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--window-size=1400,1800"):  # fmt: skip
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    try:
+    problem = chromium_missing()
+    if problem:
+        pytest.skip(f"the browser test needs Chromium: {problem}")
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def _wait(driver: Any, script: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for: {script}")
 
 
 def test_the_page_in_chromium(run: Path, tmp_path: Path, browser: Any) -> None:
@@ -117,7 +93,7 @@ def test_the_page_in_chromium(run: Path, tmp_path: Path, browser: Any) -> None:
     server.start()
     _wait_for_port(port)
     browser.get(f"http://127.0.0.1:{port}/")
-    _wait(browser, "return document.body.dataset.ready")
+    wait_for(browser, "return document.body.dataset.ready")
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     total = len(_samples(run)) + sum(1 for f in (run / "eval").glob("*.jsonl") for _ in f.open())
     assert browser.find_element(By.ID, "count").text == f"{total} of {total} meta-episodes"
@@ -127,10 +103,12 @@ def test_the_page_in_chromium(run: Path, tmp_path: Path, browser: Any) -> None:
     # A known call of the first training batch: its advantage is shown with its value.
     saved = _samples(run)[0]
     browser.find_element(By.CSS_SELECTOR, '#list tr[data-id="0"]').click()
-    _wait(browser, "return document.getElementById('pane-a').dataset.ready === '0'")
+    wait_for(browser, "return document.getElementById('pane-a').dataset.ready === '0'")
     j = next(i for i, c in enumerate(saved["calls"]) if c["node"] == "act")
     adv = browser.find_element(By.CSS_SELECTOR, f'[data-call="0:{j}"] .adv')
-    assert float(adv.get_attribute("data-value")) == pytest.approx(saved["calls"][j]["advantage"], abs=1e-5)
+    assert float(adv.get_attribute("data-value")) == pytest.approx(
+        saved["calls"][j]["advantage"], abs=1e-5
+    )
     assert adv.text.startswith("A ")
     assert f"{saved['calls'][j]['advantage']:+.4f}" in adv.text
     tokens = browser.find_elements(By.CSS_SELECTOR, f'[data-call="0:{j}"] .tok')
@@ -140,7 +118,7 @@ def test_the_page_in_chromium(run: Path, tmp_path: Path, browser: Any) -> None:
     Select(browser.find_element(By.NAME, "source")).select_by_value("eval")
     evaluated = total - len(_samples(run))
     assert browser.find_element(By.ID, "count").text == f"{evaluated} of {total} meta-episodes"
-    opponent = browser.find_element(By.CSS_SELECTOR, '#list tr.row td:nth-child(4)').text
+    opponent = browser.find_element(By.CSS_SELECTOR, "#list tr.row td:nth-child(4)").text
     Select(browser.find_element(By.NAME, "opponent")).select_by_value(opponent)
     rows = browser.find_elements(By.CSS_SELECTOR, "#list tr.row")
     assert rows and all(r.find_elements(By.TAG_NAME, "td")[3].text == opponent for r in rows)
@@ -149,7 +127,7 @@ def test_the_page_in_chromium(run: Path, tmp_path: Path, browser: Any) -> None:
 
     # The same folder opens from the file, without the server.
     browser.get((page / "index.html").as_uri())
-    _wait(browser, "return document.body.dataset.ready")
+    wait_for(browser, "return document.body.dataset.ready")
     assert browser.find_element(By.ID, "count").text == f"{total} of {total} meta-episodes"
 
 
