@@ -150,6 +150,12 @@ def meta_episodes(path: Path) -> Iterator[tuple[str, str, int | None, dict[str, 
             yield "eval", label, n, record
 
 
+def _exact(value: Any) -> Any:
+    """An integer as the page can hold it: past 2**53 a JavaScript number is no longer
+    exact (task seeds are 64-bit), so such an integer travels as text."""
+    return str(value) if isinstance(value, int) and abs(value) > 2**53 else value
+
+
 def _number(value: Any) -> float | None:
     return None if value is None else round(float(value), 6)
 
@@ -195,7 +201,7 @@ def meta_episode(
     outcome = episodes[-1]["outcome"] if episodes else ""
     row = [
         run, source, label, iteration, record.get("agent", ""), record.get("env", ""),
-        record.get("opponent", ""), record.get("seat", 0), record.get("seed", 0),
+        record.get("opponent", ""), record.get("seat", 0), _exact(record.get("seed", 0)),
         record.get("rollout", 0), rewards, outcome,
     ]  # fmt: skip
     full = dict(zip(INDEX_COLUMNS, row, strict=True))
