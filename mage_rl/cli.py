@@ -443,10 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose parsers live beside their code (imported late: they pull in more).
     from mage_rl.bench.cli import register as register_bench
     from mage_rl.eval.cli import register as register_eval
+    from mage_rl.eval.exploitability_cli import register as register_exploitability
     from mage_rl.serve.cli import register as register_serve
     from mage_rl.view.cli import register as register_view
 
-    for register in (register_eval, register_serve, register_bench, register_view):
+    for register in (register_eval, register_exploitability, register_serve, register_bench,
+                     register_view):  # fmt: skip
         register(sub)
     return parser
 
