@@ -141,3 +141,18 @@ def _wait_for_port(port: int, timeout: float = 60.0) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError(f"mage view did not serve on port {port}")
+
+
+def test_an_evaluation_folder_shows_its_agents_on_the_same_tasks(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    assert main(["eval", "--agent", "react=tiny", "--agent", "reflexion=tiny", "--n", "2",
+                 "--episodes", "2", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    built = build_site([out], tmp_path / "page")
+    assert built["meta_episodes"] == 4
+    index = (tmp_path / "page" / "data" / "index.js").read_text()
+    columns, rows = json.loads("[" + index[len("MAGE.index(") : -3] + "]")
+    label, seed = columns.index("label"), columns.index("seed")
+    by_agent = {a: sorted(r[seed] for r in rows if r[label] == a) for a in ("react", "reflexion")}
+    assert by_agent["react"] == by_agent["reflexion"] and len(by_agent["react"]) == 2
+    site = (tmp_path / "page" / "data" / "site.js").read_text()
+    assert '"results":{"react":{"kuhn_poker":' in site

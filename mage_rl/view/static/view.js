@@ -89,7 +89,7 @@
     head.append(el("th", { text: `success@${k}` }));
     const body = el("tbody");
     for (const [agent, row] of Object.entries(rows)) {
-      const iv = (row.intervals || {});
+      const iv = row.intervals || row; // a training report's rows, or mage eval's summaries
       const tr = el("tr", {}, el("td", { text: agent }), el("td", { text: row.n }));
       for (let i = 0; i < k; i++) tr.append(el("td", { text: interval((iv["ev@k"] || [])[i]) }));
       tr.append(el("td", { text: interval((iv["success@k"] || [])[k - 1]) }));
@@ -152,11 +152,23 @@
       if (d2) box.append(d2);
     } else {
       const k = (run.conditions || {}).episodes || 1;
-      for (const [agent, envs] of Object.entries(run.results || {})) {
-        box.append(el("h3", { text: agent }));
+      const envs = [...new Set(Object.values(run.results || {}).flatMap((e) => Object.keys(e || {})))];
+      for (const env of envs) {
         const rows = {};
-        for (const [env, summary] of Object.entries(envs || {})) rows[`${agent} · ${env}`] = summary;
-        box.append(rowsTable(rows, k));
+        const byState = {};
+        const byEpisode = {};
+        for (const [agent, results] of Object.entries(run.results || {})) {
+          const summary = (results || {})[env];
+          if (!summary) continue;
+          rows[agent] = summary;
+          if (summary.decisions) byState[agent] = summary.decisions;
+          if (summary.decisions_by_episode) byEpisode[agent] = summary.decisions_by_episode;
+        }
+        box.append(el("h3", { text: `${env} (95 % intervals)` }), rowsTable(rows, k));
+        const d1 = decisionsTable("decision state", byState);
+        const d2 = decisionsTable("episode", byEpisode);
+        if (d1) box.append(d1);
+        if (d2) box.append(d2);
       }
     }
   }
