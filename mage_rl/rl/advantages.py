@@ -46,14 +46,13 @@ import numpy as np
 import numpy.typing as npt
 
 from mage_rl.records import REFLECTION_ANCHOR, MetaEpisodeRecord, anchor_id, group_id
+from mage_rl.rl.estimators import ESTIMATORS, known_estimators
 from mage_rl.rl.returns import ReturnConfig, compute_sample_targets
 
-Estimator = Literal["gigpo", "grpo"]
 Norm = Literal["mean_norm", "mean_std_norm"]
 AnchorScope = Literal["global", "local"]
 Grouping = Literal["stationary", "mixed"]
 
-ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
 NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 ANCHOR_SCOPES: tuple[str, ...] = ("global", "local")
 GROUPINGS: tuple[str, ...] = ("stationary", "mixed")
@@ -69,7 +68,8 @@ class AdvantageConfig:
         estimator: ``"gigpo"`` (GiGPO, arXiv 2505.10978: episode-level plus step-level
             anchor-state baselines; what MAGE uses) or ``"grpo"`` (GRPO, arXiv
             2402.03300: one group-normalized outcome per meta-episode, no step credit;
-            the plain baseline of SPEC §5).
+            the plain baseline of SPEC §5), or the name of an estimator registered with
+            :func:`~mage_rl.rl.estimators.register_estimator`.
         norm: GiGPO normalization. ``"mean_norm"`` subtracts the group mean only (the
             paper's setting; keeps the reward scale, so large-reward games move the
             policy more). ``"mean_std_norm"`` also divides by ``std + eps``, which makes
@@ -89,7 +89,7 @@ class AdvantageConfig:
         eps: Added to the std in ``mean_std_norm`` (and GRPO) to avoid dividing by zero.
     """
 
-    estimator: Estimator = "gigpo"
+    estimator: str = "gigpo"
     norm: Norm = "mean_norm"
     anchor: AnchorScope = "global"
     grouping: Grouping = "stationary"
@@ -97,8 +97,14 @@ class AdvantageConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        if self.estimator not in known_estimators():
+            from mage_rl.registry import PLUGIN_HINT
+
+            raise ValueError(
+                f"AdvantageConfig.estimator must be one of {known_estimators()}, got "
+                f"{self.estimator!r}; to use your own, {PLUGIN_HINT}"
+            )
         for name, allowed in (
-            ("estimator", ESTIMATORS),
             ("norm", NORMS),
             ("anchor", ANCHOR_SCOPES),
             ("grouping", GROUPINGS),
@@ -371,6 +377,8 @@ def credit_parts(
     if adv_cfg.grouping == "stationary":
         _check_stationary(records, groups)
 
+    if adv_cfg.estimator in ESTIMATORS:
+        return _registered(records, ret_cfg, adv_cfg)
     if adv_cfg.estimator == "grpo":
         finals = [final_reward(r) for r in records]
         per_record = grpo_advantages(finals, groups, adv_cfg.eps)
@@ -453,3 +461,35 @@ def compute_advantages(
     if step_only:
         return [[c.a_step for c in calls] for calls in credit]
     return [[c.advantage for c in calls] for calls in credit]
+
+
+def _registered(
+    records: Sequence[MetaEpisodeRecord], ret_cfg: ReturnConfig, adv_cfg: AdvantageConfig
+) -> list[list[CallCredit]]:
+    """The credit a registered estimator gives: its per-turn advantages (floats, taken as
+    the episode-level part) or its :class:`CallCredit` s, checked against the records.
+
+    Raises:
+        ValueError: It returned another number of records or of turns, or a non-finite
+            advantage.
+    """
+    out = ESTIMATORS.get(adv_cfg.estimator)(records, ret_cfg, adv_cfg)
+    name = adv_cfg.estimator
+    if len(out) != len(records):
+        raise ValueError(f"estimator {name!r} returned {len(out)} records for {len(records)}")
+    credit = []
+    for i, (record, values) in enumerate(zip(records, out, strict=True)):
+        if len(values) != len(record.turns):
+            raise ValueError(
+                f"estimator {name!r} gave record {i} {len(values)} advantages for its "
+                f"{len(record.turns)} turns; return one per turn, aligned with record.turns"
+            )
+        row = [
+            v if isinstance(v, CallCredit)
+            else CallCredit(float(t.reward), float("nan"), float("nan"), float(v), 0.0, float(v))
+            for t, v in zip(record.turns, values, strict=True)
+        ]  # fmt: skip
+        if not all(np.isfinite(c.advantage) for c in row):
+            raise ValueError(f"estimator {name!r} gave record {i} a non-finite advantage")
+        credit.append(row)
+    return credit

@@ -81,8 +81,9 @@ def node_metrics(
         where = f"nodes/{node}"
         out[f"{where}/calls"] = float(len(pairs))
         out[f"{where}/tokens"] = float(sum(len(t.response_ids) for t in turns))
-        out[f"{where}/return_mean"] = float(returns.mean())
-        out[f"{where}/return_std"] = float(returns.std())
+        if np.isfinite(returns).all():  # a registered estimator may give no returns
+            out[f"{where}/return_mean"] = float(returns.mean())
+            out[f"{where}/return_std"] = float(returns.std())
         out[f"{where}/advantage_mean"] = float(advantages.mean())
         out[f"{where}/advantage_std"] = float(advantages.std())
         out[f"{where}/a_episode_mean"] = float(np.mean([c.a_episode for _, c in pairs]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -90,8 +91,8 @@ def _call(turn: Turn, credit: CallCredit, decoder: _Decoder) -> dict[str, Any]:
         "tokens": decoder.tokens(turn.response_ids),
         "logprobs": list(turn.logprobs),
         "reward": credit.reward,
-        "return": credit.ret,
-        "score": credit.score,
+        "return": _finite(credit.ret),
+        "score": _finite(credit.score),
         "a_episode": credit.a_episode,
         "a_step": credit.a_step,
         "advantage": credit.advantage,
@@ -214,6 +215,11 @@ def prune_samples(run_dir: str | Path, last_iteration: int, started: float | Non
     if removed:
         logger.info("%s: removed %d file(s) after iteration %d", folder, removed, last_iteration)
         _write_index(folder, started)
+
+
+def _finite(value: float) -> float | None:
+    """A value for JSON: ``None`` where a registered estimator gave no return or score."""
+    return value if math.isfinite(value) else None
 
 
 def _entry(path: Path, iteration: int, meta_episodes: int, calls: int) -> dict[str, Any]:
