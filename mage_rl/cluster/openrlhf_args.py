@@ -120,6 +120,11 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
         )
     if learner.kl_kind not in _KL:
         raise ValueError(f"learner.kl_kind={learner.kl_kind!r} has no OpenRLHF estimator")
+    if learner.loss_terms:
+        raise ValueError(
+            f"learner.loss_terms={list(learner.loss_terms)}: registered loss terms run in "
+            "the embedded learner (train.backend local or ray), not in OpenRLHF's actor"
+        )
     if learner.dtype == "fp32":
         raise ValueError(
             "learner.dtype=fp32: OpenRLHF trains in bf16 (or fp16); set learner.dtype: bf16"

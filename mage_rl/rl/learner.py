@@ -59,6 +59,7 @@ from mage_rl.rl.loss import (
     policy_loss,
     token_mean,
 )
+from mage_rl.rl.loss_terms import LOSS_TERMS, LossInputs
 from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 
 logger = logging.getLogger(__name__)
@@ -341,6 +342,11 @@ class Learner(LearnerCheckpoints):
                 kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
                 loss = loss + cfg.kl_coef * kl
                 stats["kl"] += kl.item()
+            for name in cfg.loss_terms:  # registered extra terms (mage_rl.rl.loss_terms)
+                term = LOSS_TERMS.get(name)(LossInputs(logits, logp, batch.old_logprobs,
+                    batch.advantages, batch.mask, batch.allowed_index, total))  # fmt: skip
+                loss = loss + term
+                stats[f"term/{name}"] += term.item()
             loss.backward()
             free = batch.mask
             if batch.allowed_index is not None:
@@ -410,12 +416,12 @@ class Learner(LearnerCheckpoints):
                     result["skipped_steps"] += 1
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(grad_norm)
-                for name in (*keys, "free_frac"):
+                for name in (*keys, "free_frac", *(f"term/{t}" for t in cfg.loss_terms)):
                     weighted[name] += stats.get(name, 0.0) * n_tokens
                 trained_tokens += n_tokens
                 seen_tokens += sum(s.length for s in mini)
         elapsed = max(time.perf_counter() - start, 1e-9)
-        for name in keys:
+        for name in (*keys, *(f"term/{t}" for t in cfg.loss_terms)):
             result[name] = weighted[name] / trained_tokens
         # Forced positions have entropy 0, so the free positions' mean is the token sum
         # over the free count.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from mage_rl.policy.models import DType
 from mage_rl.rl.loss import KLKind
+from mage_rl.rl.loss_terms import LOSS_TERMS
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
@@ -92,6 +93,9 @@ class LearnerConfig:
         lora_dropout: Dropout inside the adapters (0 keeps the ratio exact on-policy).
         lora_target_modules: Module names that get adapters (all attention and MLP
             projections of Llama/Qwen-style models by default).
+        loss_terms: Names of extra loss terms registered with
+            :func:`~mage_rl.rl.loss_terms.register_loss_term`, added to the loss in this
+            order (none by default: the loss is MAGE's).
     """
 
     lr: float = 1e-6
@@ -120,6 +124,7 @@ class LearnerConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    loss_terms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("lr", "adam_eps", "clip_eps", "temperature")
@@ -146,6 +151,14 @@ class LearnerConfig:
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(
                 f"LearnerConfig.dtype must be 'auto', 'bf16' or 'fp32', got {self.dtype!r}"
+            )
+        unknown = [name for name in self.loss_terms if name not in LOSS_TERMS]
+        if unknown:
+            from mage_rl.registry import PLUGIN_HINT
+
+            raise ValueError(
+                f"LearnerConfig.loss_terms names {unknown}, which no code registered "
+                f"(registered: {LOSS_TERMS.names()}); to use your own, {PLUGIN_HINT}"
             )
         if self.entropy_target_positions not in ("all", "free"):
             raise ValueError(

@@ -379,6 +379,9 @@ class Trainer:
         ):
             if key in stats:
                 scalars[f"losses/{key}"] = stats[key]
+        for key, value in stats.items():  # registered loss terms (learner.loss_terms)
+            if key.startswith("term/"):
+                scalars[f"losses/{key}"] = value
         turns = [t for r in records for t in r.turns]
         acting = [t for t in turns if t.acting]
         generated = sum(len(t.response_ids) for t in turns)
