@@ -175,7 +175,7 @@
 
   // -- the list of meta-episodes -------------------------------------------------------
 
-  const FILTERS = ["run", "source", "label", "opponent", "seat", "outcome"];
+  const FILTERS = ["run", "source", "label", "iteration", "opponent", "seat", "outcome"];
 
   function runName(i) { return state.site.runs[i] ? state.site.runs[i].name : String(i); }
 
@@ -186,7 +186,10 @@
       const values = [...new Set(state.rows.map((r) => col(r, name)))];
       values.sort((a, b) => (typeof a === "number" && typeof b === "number") ? a - b : String(a).localeCompare(String(b)));
       select.append(el("option", { value: "", text: "all" }));
-      for (const v of values) select.append(el("option", { value: String(v), text: name === "run" ? runName(v) : String(v) }));
+      for (const v of values) {
+        const text = name === "run" ? runName(v) : v === null ? "none (not a checkpoint)" : String(v);
+        select.append(el("option", { value: String(v), text }));
+      }
     }
     const update = () => { state.page = 0; applyFilters(); };
     form.addEventListener("input", update);
