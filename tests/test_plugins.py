@@ -230,3 +230,18 @@ def test_plugins_reach_child_processes(plugin_dir: Path) -> None:
             os.environ.pop(ENV_VAR, None)
         else:
             os.environ[ENV_VAR] = old
+
+
+def test_a_commands_plugins_do_not_outlive_it(tmp_path, monkeypatch) -> None:
+    """--plugin reaches the command's child processes through the environment, and a
+    later command of the same process (the Python API, a test) starts without it."""
+    from mage_rl.plugins import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    plugin = tmp_path / "nothing.py"
+    plugin.write_text("VALUE = 1\n")
+    assert main(["--plugin", str(plugin), "opponents"]) == 0
+    assert ENV_VAR not in os.environ
+    monkeypatch.setenv(ENV_VAR, "/kept/by/the/parent.py")
+    assert main(["--plugin", str(plugin), "opponents"]) == 0
+    assert os.environ[ENV_VAR] == "/kept/by/the/parent.py"

@@ -66,12 +66,14 @@ DEFAULTS = {
         out="runs/learning", no_progress=False, diagnose=False, checkpoint=None,
         population=None, set=[], threads=None,
     ),
+    "view": dict(run="runs/x", meta_episodes=10_000, rounds=3, json=None, threads=None),
 }  # fmt: skip
+REQUIRED = {"view": ["runs/x"]}  # positional arguments a benchmark cannot do without
 
 
 @pytest.mark.parametrize("what", BENCHMARKS)
 def test_each_benchmark_keeps_its_flags_and_defaults(what: str) -> None:
-    args = vars(bench_args([what]))
+    args = vars(bench_args([what, *REQUIRED.get(what, [])]))
     top = ("command", "verbose", "plugin", "what", "func")  # the top-level parser's own
     own = {k: v for k, v in args.items() if k not in top}
     assert own == DEFAULTS[what]
