@@ -145,9 +145,9 @@ def meta_episodes(path: Path) -> Iterator[tuple[str, str, int | None, dict[str, 
     files = sorted((path / "eval").glob("*.jsonl"),
                    key=lambda f: (f.stem != "untrained", f.stem.startswith("iter_"), f.stem))  # fmt: skip
     for file in files:
-        label, n = _label(file.stem)
+        label, iteration = _label(file.stem)
         for record in _read_jsonl(file):
-            yield "eval", label, n, record
+            yield "eval", label, iteration, record
 
 
 def _exact(value: Any) -> Any:
