@@ -25,16 +25,14 @@ from typing import Any
 def _synthetic_run(source: Path, folder: Path, count: int) -> int:
     """Copy ``source``'s figures and fill ``samples/`` with ``count`` meta-episodes made
     from its saved ones; returns the bytes of the samples."""
-    files = sorted((source / "samples").glob("iter_*.jsonl.gz"))
-    if not files:
+    from mage_rl.rl.samples import read_samples
+
+    records = list(read_samples(source))
+    if not records:
         raise ValueError(
             f"{source} has no saved samples (samples/iter_*.jsonl.gz); train it with "
             "train.save_samples > 0"
         )
-    records = []
-    for file in files:
-        with gzip.open(file, "rt") as handle:
-            records += [json.loads(line) for line in handle if line.strip()]
     folder.mkdir(parents=True)
     for name in ("config.yaml", "metrics.jsonl", "report.json"):
         if (source / name).exists():
@@ -44,10 +42,11 @@ def _synthetic_run(source: Path, folder: Path, count: int) -> int:
     written = 0
     size = 0
     while written < count:
-        path = folder / "samples" / f"iter_{written // per_file + 1:06d}.jsonl.gz"
+        path = folder / "samples" / f"iter_{written // per_file + 1:06d}.jsonl.gz"  # 10 files
         with gzip.open(path, "wt") as handle:
             for _ in range(min(per_file, count - written)):
-                record = dict(records[written % len(records)], seed=written)
+                iteration = written // per_file + 1
+                record = dict(records[written % len(records)], seed=written, iteration=iteration)
                 handle.write(json.dumps(record) + "\n")
                 written += 1
         size += path.stat().st_size

@@ -29,7 +29,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mage_rl.envs.remote import AgentAction, EnvMessage, RemoteEnv
@@ -82,7 +82,6 @@ class Session:
     sent: int = 0
     messages: int = 0
     busy: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def call_view(turn: Any, acting: bool = False) -> dict[str, Any]:

@@ -17,12 +17,13 @@ row of the index the page filters and pages (:data:`INDEX_COLUMNS`).
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from mage_rl.rl.samples import read_samples
 
 INDEX_COLUMNS = (
     "run", "source", "label", "iteration", "agent", "env", "opponent", "seat", "seed",
@@ -51,8 +52,7 @@ def folder_kind(path: Path) -> str:
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:  # type: ignore[operator]
+    with path.open(encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
                 yield json.loads(line)
@@ -138,10 +138,9 @@ def meta_episodes(path: Path) -> Iterator[tuple[str, str, int | None, dict[str, 
                 for record in _read_jsonl(file):
                     yield "eval", agent_dir.name, None, record
         return
-    for file in sorted((path / "samples").glob("iter_*.jsonl.gz")):
-        n = int(file.name.split(".")[0].split("_")[1])
-        for record in _read_jsonl(file):
-            yield "train", f"training batch (iter {n})", n, record
+    for row in read_samples(path):  # the saved training batches, by iteration
+        n = int(row["iteration"])
+        yield "train", f"training batch (iter {n})", n, row
     files = sorted((path / "eval").glob("*.jsonl"),
                    key=lambda f: (f.stem != "untrained", f.stem.startswith("iter_"), f.stem))  # fmt: skip
     for file in files:

@@ -7,7 +7,6 @@ meta-episodes with their credit and evaluated ones beside the untrained model's.
 
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from mage_rl.cli import main
+from mage_rl.rl.samples import read_samples
 from mage_rl.view.browser import chromium, chromium_missing, wait_for
 from mage_rl.view.build import build_site
 
@@ -35,11 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _samples(run: Path) -> list[dict[str, Any]]:
-    out = []
-    for file in sorted((run / "samples").glob("iter_*.jsonl.gz")):
-        with gzip.open(file, "rt") as handle:
-            out += [json.loads(line) for line in handle if line.strip()]
-    return out
+    return list(read_samples(run))
 
 
 def test_the_page_holds_every_meta_episode_and_its_credit(run: Path, tmp_path: Path) -> None:
