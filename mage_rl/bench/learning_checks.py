@@ -65,7 +65,7 @@ def diagnose_update(
     from mage_rl.config import TrainConfig, load_config
     from mage_rl.config_yaml import read_yaml
     from mage_rl.rl.advantages import compute_advantages
-    from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
+    from mage_rl.rl.batching import samples_from_records
     from mage_rl.rl.trainer import Trainer
 
     out = Path(out)
@@ -106,13 +106,7 @@ def diagnose_update(
             learner.model.load_state_dict(weights)
             learner.optimizer.load_state_dict(optimizer)
             samples = samples_from_records(records, advantages)
-            if trainer.recompute_old_logprobs:
-                fresh = learner.compute_logprobs(samples)
-                samples = [
-                    s.with_old_logprobs(behaviour_logprobs(s, lp, cfg.policy.explore))
-                    for s, lp in zip(samples, fresh, strict=True)
-                ]
-            learner.update(samples)
+            learner.update(samples, refresh_old=trainer.refresh_old)
             change = _branch_logprobs(learner.model, turns, moves) - before
             centred = change - change.mean(dim=1, keepdim=True)
             shift = centred.mean(dim=0)

@@ -12,7 +12,10 @@ One call to :meth:`Learner.update`:
    assistant segments carry their own); drop samples without response tokens.
 2. For each PPO epoch, shuffle (seeded) and cut the samples into mini-batches of
    ``mini_batch_size`` LLM calls (a conversation sample counts one per segment and is
-   never split); each mini-batch is one optimizer step.
+   never split); each mini-batch is one optimizer step. With ``refresh_old``, the old
+   log-probs are rescored under the weights that sampled them: the first mini-batch
+   reads them from its own forward pass, the later ones from one no-grad pass taken
+   before the first step.
 3. Pack each mini-batch into micro-batches under ``micro_batch_tokens`` padded tokens.
    Each micro-batch runs one right-padded forward pass; the log-prob of response token j
    is read from the logits at position ``len(prompt) - 1 + j`` (in a conversation, the
@@ -47,6 +50,7 @@ from mage_rl.policy.models import DType, cpu_supports_bf16
 from mage_rl.rl.batching import (
     MicroBatch,
     TrainingSample,
+    behaviour_logprobs,
     coerce_sample,
     collate,
 )
@@ -56,6 +60,7 @@ from mage_rl.rl.loss import (
     entropy_from_logits,
     gather_logprobs,
     kl_penalty,
+    mix_logprobs,
     policy_loss,
     token_mean,
 )
@@ -134,6 +139,9 @@ class Learner(LearnerCheckpoints):
             betas=self.config.betas,
             eps=self.config.adam_eps,
             weight_decay=self.config.weight_decay,
+            # One fused kernel per step instead of a loop of tensor ops: about 3x faster
+            # on a CPU, the same update.
+            fused=self.device.type in ("cpu", "cuda"),
         )
         self.ref_model = self._make_reference(ref_model)
         self.step = 0
@@ -248,18 +256,30 @@ class Learner(LearnerCheckpoints):
                 prepared.append(sample)
         return prepared
 
-    def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[TrainingSample]]:
-        """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size`` calls."""
+    def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[int]]:
+        """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size``
+        calls; each mini-batch is a list of indices into ``items``."""
         cfg = self.config
         if cfg.shuffle:
             order = torch.randperm(len(items), generator=self._generator).tolist()
         else:
             order = list(range(len(items)))
-        calls = [s.num_calls for s in items]
-        return [
-            [items[i] for i in group]
-            for group in cut_mini_batches(order, calls, cfg.mini_batch_size)
-        ]
+        return cut_mini_batches(order, [s.num_calls for s in items], cfg.mini_batch_size)
+
+    def _refresh_later(
+        self,
+        items: list[TrainingSample],
+        groups: list[list[int]],
+        explore: float,
+        temperature: float | None,
+    ) -> None:
+        """Rescore the old log-probs of every mini-batch after the first, in place."""
+        later = [i for group in groups[1:] for i in group]
+        if not later:
+            return
+        fresh = self.compute_logprobs([items[i] for i in later], temperature)
+        for i, logprobs in zip(later, fresh, strict=True):
+            items[i] = items[i].with_old_logprobs(behaviour_logprobs(items[i], logprobs, explore))
 
     # ---- public API ----------------------------------------------------------------
 
@@ -313,17 +333,38 @@ class Learner(LearnerCheckpoints):
             ``free_frac``, the share of response tokens where more than one token was
             allowed (1 without constrained decoding).
         """
-        cfg = self.config
-        temp = cfg.temperature if temperature is None else temperature
         items = self._prepare_samples(samples)
         total = num_tokens if num_tokens is not None else sum(s.num_response_tokens for s in items)
+        return self._accumulate(items, total, temperature, None)[0]
+
+    def _accumulate(
+        self,
+        items: Sequence[TrainingSample],
+        total: int,
+        temperature: float | None,
+        refresh_old: float | None,
+    ) -> tuple[dict[str, float], list[list[float]]]:
+        """:meth:`accumulate_gradients` over prepared samples.
+
+        With ``refresh_old`` (an exploration share), each sample's old log-probs are taken
+        from this forward pass (detached, mixed as :func:`behaviour_logprobs` does) instead
+        of its own; they are returned, indexed like ``items``, so later epochs reuse them.
+        """
+        cfg = self.config
+        temp = cfg.temperature if temperature is None else temperature
         stats: dict[str, float] = defaultdict(float)
+        refreshed: list[list[float]] = [[] for _ in items]
         for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
             batch = collate([items[i] for i in group]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
+            old = batch.old_logprobs
+            if refresh_old is not None:
+                old = mix_logprobs(logp.detach(), batch.allowed_index, refresh_old)
+                for row, i in enumerate(group):
+                    refreshed[i] = old[row, : items[i].num_response_tokens].tolist()
             pg_loss, pg_stats = policy_loss(
-                logp, batch.old_logprobs, batch.advantages, batch.mask, cfg.clip_eps, total
+                logp, old, batch.advantages, batch.mask, cfg.clip_eps, total
             )
             loss = pg_loss
             if self.entropy_coef > 0:
@@ -343,7 +384,7 @@ class Learner(LearnerCheckpoints):
                 loss = loss + cfg.kl_coef * kl
                 stats["kl"] += kl.item()
             for name in cfg.loss_terms:  # registered extra terms (mage_rl.rl.loss_terms)
-                term = LOSS_TERMS.get(name)(LossInputs(logits, logp, batch.old_logprobs,
+                term = LOSS_TERMS.get(name)(LossInputs(logits, logp, old,
                     batch.advantages, batch.mask, batch.allowed_index, total))  # fmt: skip
                 loss = loss + term
                 stats[f"term/{name}"] += term.item()
@@ -359,9 +400,14 @@ class Learner(LearnerCheckpoints):
             for name, value in pg_stats.items():
                 stats[name] += value.item()
         stats.setdefault("kl", 0.0)
-        return dict(stats)
+        return dict(stats), refreshed
 
-    def update(self, samples: Sequence[Any], temperature: float | None = None) -> dict[str, float]:
+    def update(
+        self,
+        samples: Sequence[Any],
+        temperature: float | None = None,
+        refresh_old: float | None = None,
+    ) -> dict[str, float]:
         """One PPO update over a batch of samples.
 
         Args:
@@ -372,6 +418,13 @@ class Learner(LearnerCheckpoints):
                 mini-batch, so a conversation trains exactly as its calls would one by one.
             temperature: Sampling temperature of the rollouts (default:
                 ``config.temperature``).
+            refresh_old: When set, the samples' own old log-probs are replaced by the
+                policy's under the current weights (those that sampled them), mixed with
+                this share of uniform exploration at positions with several allowed
+                tokens (``0.0``: the policy's own; see :func:`behaviour_logprobs`). The
+                first mini-batch takes them from its own forward pass, so the rescoring
+                costs one no-grad pass over the later mini-batches only, none when the
+                batch is one mini-batch.
 
         Returns:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
@@ -398,13 +451,19 @@ class Learner(LearnerCheckpoints):
         grad_norms: list[float] = []
         seen_tokens = 0
         trained_tokens = 0
-        for _ in range(cfg.ppo_epochs):
-            for mini in self._mini_batches(items):
+        for epoch in range(cfg.ppo_epochs):
+            groups = self._mini_batches(items)
+            for k, group in enumerate(groups):
+                refresh = refresh_old if epoch == 0 and k == 0 else None
+                if refresh is not None:
+                    self._refresh_later(items, groups, refresh, temperature)
+                mini = [items[i] for i in group]
                 n_tokens = sum(s.num_response_tokens for s in mini)
                 self.optimizer.zero_grad(set_to_none=True)
-                stats = self.accumulate_gradients(
-                    mini, num_tokens=n_tokens, temperature=temperature
-                )
+                stats, refreshed = self._accumulate(mini, n_tokens, temperature, refresh)
+                if refresh is not None:
+                    for i, logprobs in zip(group, refreshed, strict=True):
+                        items[i] = items[i].with_old_logprobs(logprobs)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
                 if math.isfinite(grad_norm):
                     self._set_lr()

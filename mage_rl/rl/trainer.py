@@ -43,7 +43,7 @@ from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval
 from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
-from mage_rl.rl.batching import behaviour_logprobs, samples_from_records
+from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
 from mage_rl.rl.run_folder import (
     STATE_FILE,
@@ -168,17 +168,18 @@ class Trainer:
         self.credit = credit_parts(records, self.cfg.returns, self.cfg.advantages)
         advantages = [[c.advantage for c in calls] for calls in self.credit]
         samples = samples_from_records(records, advantages)
-        if self.recompute_old_logprobs:
-            # Sampled from the exploration mixture: the old log-probs are the mixture's.
-            explore = self.cfg.policy.explore if self.cfg.policy.explore_ratio == "exact" else 0.0
-            fresh = self.learner.compute_logprobs(samples)
-            samples = [
-                s.with_old_logprobs(behaviour_logprobs(s, lp, explore))
-                for s, lp in zip(samples, fresh, strict=True)
-            ]
-        stats = self.learner.update(samples)
+        stats = self.learner.update(samples, refresh_old=self.refresh_old)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         return stats
+
+    @property
+    def refresh_old(self) -> float | None:
+        """``Learner.update``'s ``refresh_old``: None when the recorded log-probs are the
+        old ones, else the exploration share to mix into the rescored ones (the rollouts
+        were sampled from the mixture; 0 when explored answers train as the policy's)."""
+        if not self.recompute_old_logprobs:
+            return None
+        return self.cfg.policy.explore if self.cfg.policy.explore_ratio == "exact" else 0.0
 
     def evaluate(self, iteration: int, on_done: Any = None) -> dict[str, Any]:
         """success@k and ev@k on the fixed evaluation seeds (one rollout per task)."""

@@ -123,6 +123,56 @@ def test_repeated_updates_raise_logprob_of_positive_samples() -> None:
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize(("mini_batch_size", "epochs"), [(64, 1), (3, 1), (4, 2)])
+@pytest.mark.parametrize("explore", [0.0, 0.3])
+def test_refresh_old_equals_rescoring_first(
+    mini_batch_size: int, epochs: int, explore: float
+) -> None:
+    """Rescoring inside the update gives the weights of rescoring before it."""
+    from mage_rl.rl.batching import behaviour_logprobs
+
+    config = fp32(lr=1e-3, mini_batch_size=mini_batch_size, ppo_epochs=epochs, entropy_coef=0.01)
+    model = make_model()
+    fused = Learner(copy.deepcopy(model), config)
+    first = Learner(copy.deepcopy(model), config)
+    g = torch.Generator().manual_seed(5)
+    samples = []
+    for p, r in random_pairs(8, seed=2):
+        # Two to four allowed ids at every position, so the mixture changes them.
+        allowed = [
+            sorted({t, *torch.randint(0, VOCAB, (int(torch.randint(1, 4, (1,), generator=g)),),
+                                      generator=g).tolist()})
+            for t in r
+        ]  # fmt: skip
+        samples.append(Sample(p, r, [-9.0] * len(r), float(torch.randn(1, generator=g)), allowed))
+    fused_stats = fused.update(samples, refresh_old=explore)
+    rescored = [
+        s.with_old_logprobs(behaviour_logprobs(s, lp, explore))
+        for s, lp in zip(samples, first.compute_logprobs(samples), strict=True)
+    ]
+    first_stats = first.update(rescored)
+    for name in ("loss", "pg_loss", "approx_kl", "clip_frac"):
+        assert fused_stats[name] == pytest.approx(first_stats[name], rel=1e-4, abs=1e-6), name
+    for (name, a), b in zip(first.model.named_parameters(), fused.model.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    if explore == 0.0 and mini_batch_size == 64:
+        assert abs(fused_stats["approx_kl"]) < 1e-7  # one step from the rescoring weights
+
+
+def test_mix_logprobs_is_the_per_token_mixture() -> None:
+    from mage_rl.policy.constrained import allowed_index, mix_logprob
+    from mage_rl.rl.loss import mix_logprobs
+
+    allowed = [[[1, 2, 3], [4], []], [[5, 6], [7, 8, 9, 10], [11]]]
+    index = allowed_index(allowed, 3)
+    logp = torch.tensor([[-0.5, 0.0, -2.0], [-1.5, -0.1, 0.0]])
+    got = mix_logprobs(logp, index, 0.25)
+    for b, row in enumerate(allowed):
+        for j, ids in enumerate(row):
+            assert float(got[b, j]) == pytest.approx(mix_logprob(float(logp[b, j]), len(ids), 0.25))
+    assert torch.equal(mix_logprobs(logp, index, 0.0), logp)
+
+
 def test_micro_batches_give_the_same_gradient() -> None:
     model = make_model()
     config = dict(lr=1e-3, entropy_coef=0.01, kl_coef=0.1)
