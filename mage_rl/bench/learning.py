@@ -28,7 +28,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,7 +283,7 @@ def bench_learning(
     config: str | Path,
     probes: Sequence[str],
     seeds: Sequence[int],
-    iterations: int | None,
+    iterations: int | Mapping[str, int] | None,
     out: str | Path,
     overrides: Sequence[str] = (),
     log: Callable[[str], None] = print,
@@ -292,12 +292,16 @@ def bench_learning(
 ) -> dict[str, Any]:
     """Run the probes for every seed; write ``learning.json`` and ``learning.md``.
 
+    ``iterations``: one count for every probe, or counts by probe name (the others keep
+    their own), or None (each probe its own).
+
     Raises:
         ValueError: An unknown probe name.
     """
     from mage_rl.config_yaml import read_yaml
 
-    unknown = [p for p in probes if p not in PROBES]
+    counts = dict(iterations) if isinstance(iterations, Mapping) else {}
+    unknown = [p for p in [*probes, *counts] if p not in PROBES]
     if unknown:
         raise ValueError(f"unknown probe(s) {unknown}; valid: {', '.join(PROBES)}")
     out = Path(out)
@@ -316,7 +320,8 @@ def bench_learning(
     for name in probes:
         probe = PROBES[name]
         for seed in seeds:
-            its = iterations if iterations is not None else probe.iterations
+            its = counts.get(name, probe.iterations) if counts or iterations is None else iterations
+            assert isinstance(its, int)
             log(f"probe {name}, seed {seed}: {its} iterations")
             result = run_probe(
                 probe, base, seed=seed, iterations=its, out=out, overrides=overrides,

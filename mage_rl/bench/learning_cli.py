@@ -43,7 +43,7 @@ def cmd_learning(args: argparse.Namespace) -> int:
             config=args.config,
             probes=probes,
             seeds=[int(s) for s in args.seeds.split(",")],
-            iterations=args.iterations,
+            iterations=parse_iterations(args.iterations),
             out=args.out,
             overrides=args.set,
             log=console.print,
@@ -55,6 +55,28 @@ def cmd_learning(args: argparse.Namespace) -> int:
     print(format_learning(doc))
     console.print(f"results: {args.out}/learning.json and learning.md")
     return 0
+
+
+def parse_iterations(text: str | None) -> int | dict[str, int] | None:
+    """``--iterations``: ``30`` (every probe) or ``rps=30,kuhn_k3=20`` (by probe)."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return _positive(int(text))
+        pairs = [item.split("=", 1) for item in text.split(",")]
+        return {name.strip(): _positive(int(count)) for name, count in pairs}
+    except ValueError:
+        raise SystemExit(
+            f"mage bench learning: --iterations {text!r}: give a positive count (30) or "
+            "counts by probe (rps=30,kuhn_card=20)"
+        ) from None
+
+
+def _positive(count: int) -> int:
+    if count < 1:
+        raise ValueError(count)
+    return count
 
 
 def add_learning_parser(benches: Any, add_common: Callable[..., None]) -> None:
@@ -76,7 +98,10 @@ def add_learning_parser(benches: Any, add_common: Callable[..., None]) -> None:
     p.add_argument("--probes", default="all", help="comma-separated: rps, kuhn_card, kuhn_k3")
     p.add_argument("--seeds", default="0", help="comma-separated training seeds")
     p.add_argument(
-        "--iterations", type=int, default=None, help="iterations of every probe (default: its own)"
+        "--iterations",
+        default=None,
+        help="iterations of every probe (30), or of some by name (rps=30,kuhn_card=20); "
+        "the others keep their own",
     )
     p.add_argument("--out", default="runs/learning", help="folder of the results and runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -62,8 +62,8 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
     config.write_text(BASE)
     out = tmp_path / "out"
     doc = bench_learning(
-        config=config, probes=["rps", "kuhn_card"], seeds=[0], iterations=1, out=out,
-        log=lambda _m: None,
+        config=config, probes=["rps", "kuhn_card"], seeds=[0], out=out,
+        iterations={"rps": 1, "kuhn_card": 2}, log=lambda _m: None,
     )  # fmt: skip
     saved = json.loads((out / "learning.json").read_text())
     assert saved["provenance"]["commit"] and [r["probe"] for r in saved["results"]] == [
@@ -73,6 +73,7 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
     rps, card = doc["results"]
     assert rps["oracle"]["first"]["bayes_last_hand"] == 1.0
     assert len(rps["trained"]["win_by_round"]) == 3 and rps["iterations"] == 1
+    assert card["iterations"] == 2
     assert set(rps["verdicts"]) == {"last_vs_first", "last_vs_best_fixed", "last_vs_untrained"}
     assert card["oracle"]["first"]["best_fixed"] == pytest.approx(1 / 3)
     shares = card["untrained"]["bet_share"]["no bet to face"]
@@ -82,6 +83,18 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
     assert format_learning(saved).splitlines()[0] == text.splitlines()[0]
     with pytest.raises(ValueError, match="unknown probe"):
         bench_learning(config=config, probes=["chess"], seeds=[0], iterations=1, out=out)
+    with pytest.raises(ValueError, match="unknown probe"):
+        bench_learning(config=config, probes=["rps"], seeds=[0], iterations={"chess": 1}, out=out)
+
+
+def test_iterations_by_probe_are_parsed() -> None:
+    from mage_rl.bench.learning_cli import parse_iterations
+
+    assert parse_iterations(None) is None and parse_iterations("30") == 30
+    assert parse_iterations("rps=30, kuhn_k3=5") == {"rps": 30, "kuhn_k3": 5}
+    for bad in ("0", "rps", "rps=x", "rps=-1"):
+        with pytest.raises(SystemExit, match="--iterations"):
+            parse_iterations(bad)
 
 
 def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path) -> None:
