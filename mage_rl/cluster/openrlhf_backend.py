@@ -33,22 +33,17 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from mage_rl.cluster.deps import require
 from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
-from mage_rl.config import TrainConfig
 from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import credit_parts
-from mage_rl.rl.metrics_log import MetricsLogger
 from mage_rl.rl.run_folder import (
     STATE_FILE,
     retire_checkpoints,
-    start_checkpoint,
-    write_run_config,
 )
 from mage_rl.rl.trainer import Trainer
 
@@ -122,12 +117,9 @@ class OpenRLHFTrainer(Trainer):
     others), otherwise Ray starts on this node.
     """
 
-    def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True
-    ) -> None:
-        # The local trainer's __init__ would load the policy in this process; the policy
-        # lives in the actor group and the vLLM engines instead.
-        from mage_rl import runtime
+    def build_backend(self, checkpoint: Path | None) -> int:
+        """The policy in OpenRLHF's actor group and vLLM engines instead of this process;
+        ``checkpoint`` (found by the local trainer's rules) resumes OpenRLHF's own state."""
         from mage_rl.cluster.openrlhf_args import build_args
         from mage_rl.cluster.vllm_policy import VLLMEnginePolicy
 
@@ -139,17 +131,8 @@ class OpenRLHFTrainer(Trainer):
         vllm_engine = require("openrlhf.trainer.ray.vllm_engine", PURPOSE)
         utils = require("openrlhf.utils", PURPOSE)
 
-        self.cfg = cfg
-        self.run_dir = Path(run_dir)
-        self.show_progress = progress
-        self._started = time.time()
-        self._eval_design = None
-        self.credit = []
-        # Same run-folder rules as the local trainer (mage_rl.rl.run_folder); a --resume
-        # of a folder without a complete checkpoint starts from iteration 0.
-        resume = start_checkpoint(self.run_dir, resume) is not None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_config(self.run_dir, cfg.model_dump(mode="json"))
+        cfg = self.cfg
+        resume = checkpoint is not None
         self.args = args = build_args(cfg, self.run_dir, resume=resume)
         o = cfg.openrlhf
 
@@ -217,23 +200,19 @@ class OpenRLHFTrainer(Trainer):
             self.vllm_engines, self.tokenizer, max_model_len=o.max_len, name=str(model)
         )
         self.engine = _Engines()
-        self.graph = runtime.build_graph(cfg)
-        self.train_llm = runtime.rollout_chat_model(cfg, self.policy)
-        self.eval_llm = runtime.eval_chat_model(cfg, self.policy)
         self.loop = make_ppo_loop(
             strategy, self.actor_group, self.ref_group, self.vllm_engines, self.tokenizer
         )
         self.recompute_old_logprobs = True  # OpenRLHF always rescores with the actor
-        self.start_iteration = 0
+        start = 0
         if resume:
             states = ray.get(self.actor_group.async_run_method("get_checkpoint_states"))[0]
-            self.start_iteration = int(states.get("iteration", 0))
-            if self.start_iteration:
+            start = int(states.get("iteration", 0))
+            if start:
                 self.loop.broadcast_to_vllm()
-            logger.info("resumed OpenRLHF state at iteration %d", self.start_iteration)
-        self.global_step = self.start_iteration
-        self.iteration = self.start_iteration
-        self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
+            logger.info("resumed OpenRLHF state at iteration %d", start)
+        self.global_step = start
+        return start
 
     # -- vLLM engines asleep except while sampling (colocated mode) --------------------------
 

@@ -100,8 +100,6 @@ class Trainer:
         self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True
     ) -> None:
         from mage_rl import runtime
-        from mage_rl.policy.models import load_model
-        from mage_rl.rl.learner import Learner
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -113,12 +111,37 @@ class Trainer:
         if checkpoint is not None:
             check_resume_config(self.run_dir, cfg.model_dump(mode="json"), checkpoint)
         check_tasks(cfg)
+        self.start_iteration = self.build_backend(checkpoint)
+        self.graph = runtime.build_graph(cfg)
+        self.train_llm = runtime.rollout_chat_model(cfg, self.policy)
+        self.eval_llm = runtime.eval_chat_model(cfg, self.policy)
+        self.iteration = self.start_iteration
+        self._eval_design: tuple[list[Any], Any] | None = None
+        self.credit: list[list[CallCredit]] = []
+        with writing(self.run_dir):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            clear_retired(self.run_dir / "checkpoints")
+            write_run_config(self.run_dir, cfg.model_dump(mode="json"))
+            self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
 
-        # The learner keeps float32 master weights; the engine samples in policy.dtype.
+    def build_backend(self, checkpoint: Path | None) -> int:
+        """Load the policy and its learner; return the iteration to start from.
+
+        The one seam where a backend differs (``mage_rl.cluster``): it sets ``policy``
+        (what the chat models sample from), ``engine`` (closed when the run ends) and
+        ``tokenizer``, restores ``checkpoint`` (None: a fresh start) and returns its
+        iteration. The local trainer: a float32 learner and a batched engine in
+        ``policy.dtype``, in this process.
+        """
+        from mage_rl import runtime
+        from mage_rl.policy.models import load_model
+        from mage_rl.rl.learner import Learner
+
+        cfg = self.cfg
         model, self.tokenizer = load_model(cfg.policy.model, dtype="fp32")
         self.learner = Learner(model, cfg.learner)
         engine_model, _ = load_model(cfg.policy.model, dtype=cfg.policy.dtype)
-        self.engine = runtime.build_engine(cfg.policy, engine_model, self.tokenizer)
+        self.engine = self.policy = runtime.build_engine(cfg.policy, engine_model, self.tokenizer)
         # The recorded log-probs are exact old log-probs only when sampler and learner
         # compute in the same precision, i.e. both in fp32 (see docs/policy.md).
         mode = cfg.train.recompute_old_logprobs
@@ -131,27 +154,16 @@ class Trainer:
         # the policy's, which the engine did not record.
         if cfg.policy.explore > 0 and cfg.policy.explore_ratio == "policy":
             self.recompute_old_logprobs = True
-        self.start_iteration = 0
+        start = 0
         if checkpoint is not None:
             self.learner.load(checkpoint)
-            state = json.loads((checkpoint / STATE_FILE).read_text())
-            self.start_iteration = int(state["iteration"])
-            logger.info("resumed from %s (iteration %d)", checkpoint, self.start_iteration)
+            start = int(json.loads((checkpoint / STATE_FILE).read_text())["iteration"])
+            logger.info("resumed from %s (iteration %d)", checkpoint, start)
         self.engine.update_weights(self.learner.state_dict_for_inference())
-        self.graph = runtime.build_graph(cfg)
         window = getattr(engine_model.config, "max_position_embeddings", None)
         if window:
             runtime.check_conversation_budget(cfg, self.tokenizer, int(window))
-        self.train_llm = runtime.rollout_chat_model(cfg, self.engine)
-        self.eval_llm = runtime.eval_chat_model(cfg, self.engine)
-        self.iteration = self.start_iteration
-        self._eval_design: tuple[list[Any], Any] | None = None
-        self.credit: list[list[CallCredit]] = []
-        with writing(self.run_dir):
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            clear_retired(self.run_dir / "checkpoints")
-            write_run_config(self.run_dir, cfg.model_dump(mode="json"))
-            self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
+        return start
 
     # -- one iteration -------------------------------------------------------------------
 
