@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from mage_rl import api
+
 __all__ = ["TrainedAgent", "evaluate", "load_agent", "load_config", "train"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from mage_rl import api
-
         return getattr(api, name)
     raise AttributeError(f"module 'mage_rl' has no attribute {name!r}")

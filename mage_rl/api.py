@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from mage_rl.cluster.backends import trainer_class
 from mage_rl.eval.settings import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
+from mage_rl.provenance import mark_start
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig, TrainConfig
@@ -67,9 +69,6 @@ def train(
         resume: Continue from the newest complete checkpoint in ``run_dir``.
         progress: Show the progress display.
     """
-    from mage_rl.cluster.backends import trainer_class
-    from mage_rl.provenance import mark_start
-
     mark_start()
     name = "run"
     if isinstance(config, str | Path):
@@ -101,7 +100,6 @@ def evaluate(
             ``envs``, ``opponents``, ``max_tokens``...).
     """
     from mage_rl.eval.harness import EvalConfig, parse_agents, run_evaluation
-    from mage_rl.provenance import mark_start
 
     mark_start()
     cfg = EvalConfig(agents=parse_agents(list(agents), model), **settings)

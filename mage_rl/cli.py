@@ -15,8 +15,24 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mage_rl.bench.cli import register as register_bench
+from mage_rl.cluster.backends import trainer_class
 from mage_rl.console import console, error, heading, notice
+from mage_rl.eval.cli import register as register_eval
+from mage_rl.eval.exploitability_cli import register as register_exploitability
+from mage_rl.eval.oracle_cli import cmd_oracle
+from mage_rl.eval.oracle_cli import register as register_oracle
 from mage_rl.fileio import WRITE_FAILED_EXIT, WriteError
+from mage_rl.plugins import (
+    ENV_VAR,
+    PluginError,
+    export_plugins,
+    load_entry_point_plugins,
+    load_plugins,
+)
+from mage_rl.provenance import mark_start
+from mage_rl.serve.cli import register as register_serve
+from mage_rl.view.cli import register as register_view
 
 log = logging.getLogger("mage_rl")
 
@@ -79,7 +95,6 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
     console.print(table)
     args.json = False
     args.game = "kuhn"
-    from mage_rl.eval.oracle_cli import cmd_oracle
 
     cmd_oracle(args)
     worst = max(abs(r.mean_payoff - r.exact) / max(r.stderr, 1e-9) for r in results)
@@ -91,7 +106,6 @@ def _cmd_matchup(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-
     from rich.progress import Progress
 
     from mage_rl import runtime
@@ -122,7 +136,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mage_rl.cluster.backends import trainer_class
     from mage_rl.config import load_config
     from mage_rl.rl.run_folder import latest_checkpoint, resume_command
 
@@ -289,12 +302,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pretrain)
 
     # Commands whose parsers live beside their code (imported late: they pull in more).
-    from mage_rl.bench.cli import register as register_bench
-    from mage_rl.eval.cli import register as register_eval
-    from mage_rl.eval.exploitability_cli import register as register_exploitability
-    from mage_rl.eval.oracle_cli import register as register_oracle
-    from mage_rl.serve.cli import register as register_serve
-    from mage_rl.view.cli import register as register_view
 
     register_oracle(sub)
     for register in (register_eval, register_exploitability, register_serve, register_bench,
@@ -306,8 +313,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_plugins(argv: Sequence[str] | None) -> int:
     """Load entry-point plugins and the ``--plugin`` ones before the parser is built, so
     that what they register is known to every command; 0 on success."""
-    from mage_rl.plugins import PluginError, export_plugins, load_entry_point_plugins, load_plugins
-
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--plugin", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
@@ -323,8 +328,6 @@ def _load_plugins(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     import os
-
-    from mage_rl.plugins import ENV_VAR
 
     # A command's --plugin flags reach its child processes through the environment; a
     # later command in the same process (the Python API, tests) starts without them.
@@ -348,7 +351,6 @@ def _main(argv: Sequence[str] | None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from mage_rl.provenance import mark_start
 
     mark_start()  # results files name the commit this command started from
     try:

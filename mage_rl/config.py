@@ -31,6 +31,7 @@ from mage_rl.config_yaml import (
     with_plugins_loaded,
 )
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
+from mage_rl.policy.models import model_spec_problem
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
@@ -331,8 +332,6 @@ def load_config(
         raise ValueError("invalid config:\n" + "\n".join(lines)) from None
     policy_section = getattr(cfg, "policy", None)
     if isinstance(policy_section, PolicyConfig):
-        from mage_rl.policy.models import model_spec_problem
-
         problem = model_spec_problem(policy_section.model)
         if problem is not None:
             line = f"policy.model={policy_section.model!r}: {problem}"

@@ -21,6 +21,8 @@ from typing import Annotated, Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Strict
 
+from mage_rl.plugins import PluginError, load_plugin, plugin_path
+
 
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
@@ -240,8 +242,6 @@ def with_plugins_loaded(data: Any) -> Any:
     base_dir = data.pop(BASE_DIR_KEY, None)
     plugins = data.get("plugins")
     if plugins:
-        from mage_rl.plugins import PluginError, load_plugin, plugin_path
-
         if isinstance(plugins, str) or not isinstance(plugins, list):
             raise ValueError("plugins must be a list of module names or .py files")
         resolved = [plugin_path(str(p), base_dir) for p in plugins]

@@ -11,9 +11,22 @@ from collections.abc import Callable
 from typing import Any
 
 from mage_rl.config import PolicyConfig, RunConfig
-from mage_rl.envs import Population
+from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
 from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
+from mage_rl.nodes.conversation import reflect_message, step_message
+from mage_rl.nodes.core import play_prompt
+from mage_rl.nodes.state import MetaEpisodeContext
+from mage_rl.plugins import load_plugins, load_process_plugins
+from mage_rl.policy.chat_model import PolicyChatModel
+from mage_rl.policy.conversation import (
+    ConversationTemplate,
+    check_conversation_fits,
+    conversation_token_bound,
+)
+from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.models import load_model
+from mage_rl.policy.vllm_engine import VLLMEngine
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
 
@@ -41,8 +54,6 @@ def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
     Loads the config's plugins first (and those of the command that started this
     process), so a rollout worker in another process knows the names they register.
     """
-    from mage_rl.plugins import load_plugins, load_process_plugins
-
     load_process_plugins()
     load_plugins(cfg.plugins)
     return agent_graph(cfg.meta.agent, graph_options(cfg))
@@ -57,14 +68,10 @@ def build_engine(policy: PolicyConfig, model: Any = None, tokenizer: Any = None)
     own copy, and ``update_weights`` brings it up to date).
     """
     if policy.engine == "vllm":
-        from mage_rl.policy.vllm_engine import VLLMEngine
-
         return VLLMEngine(
             policy.model, dtype=policy.dtype, max_batch_size=policy.max_batch_size,
             name=policy.model,
         )  # fmt: skip
-    from mage_rl.policy.engine import LocalEngine
-    from mage_rl.policy.models import load_model
 
     if model is None:
         model, tokenizer = load_model(policy.model, dtype=policy.dtype)
@@ -86,8 +93,6 @@ def chat_model(
     ``seed`` fixes the sampler seed of every call (benchmarks that must play the same
     games in every mode); ``None`` lets each call draw its own.
     """
-    from mage_rl.policy.chat_model import PolicyChatModel
-
     return PolicyChatModel(
         policy=engine, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
         seed=seed, explore=explore,
@@ -195,15 +200,6 @@ def check_conversation_budget(cfg: RunConfig, tokenizer: Any, context_window: in
     """
     if cfg.meta.layout != "conversation":
         return 0
-    from mage_rl.envs import make_env, resolve_seat
-    from mage_rl.nodes.conversation import reflect_message, step_message
-    from mage_rl.nodes.core import play_prompt
-    from mage_rl.nodes.state import MetaEpisodeContext
-    from mage_rl.policy.conversation import (
-        ConversationTemplate,
-        check_conversation_fits,
-        conversation_token_bound,
-    )
 
     options = graph_options(cfg)
     opponent = population(cfg).specs[0]

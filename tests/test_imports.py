@@ -6,11 +6,18 @@ dependency, it does not remove it, so it may defer a heavy or optional dependenc
 not close a cycle. An import of a package's submodule is an edge to that submodule
 only: Python runs the package's ``__init__`` first, and a package that imports its own
 submodules is not a cycle between modules.
+
+A function-level import of a ``mage_rl`` module must earn its place: the module it
+imports loads, at module level (itself or through what it imports), a third-party
+package the importing module does not (``torch`` behind ``mage --help``, ``fastapi``
+behind the trainer). Otherwise the import belongs at the top of the file, where a reader
+sees the dependency.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "mage_rl"
@@ -98,6 +105,78 @@ def test_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Packages whose names load on first use (a module-level ``__getattr__``): what importing
+# a name from them costs is not visible statically, so such imports may stay late.
+LAZY_PACKAGES = {"mage_rl", "mage_rl.policy", "mage_rl.serve"}
+
+
+def _resolve(node: ast.Import | ast.ImportFrom, name: str, path: Path, modules: dict) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def _third_party_at_top() -> tuple[dict[str, set[str]], dict[str, set[str]], list[tuple]]:
+    """(module-level mage_rl edges, module-level third-party packages, function-level
+    imports as (module, line, targets)) of every module."""
+    modules = _modules()
+    edges: dict[str, set[str]] = {}
+    packages: dict[str, set[str]] = {}
+    late: list[tuple[str, int, list[str]]] = []
+    for name, path in modules.items():
+        edges[name], packages[name] = set(), set()
+        # Importing a module runs its packages' __init__ first.
+        parts = name.split(".")
+        edges[name].update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+        def visit(node: ast.AST, in_function: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    targets = _resolve(child, name, path, modules)  # noqa: B023
+                    if in_function:
+                        late.append((name, child.lineno, targets))  # noqa: B023
+                        continue
+                    for target in targets:
+                        if target in modules:
+                            edges[name].add(target)  # noqa: B023
+                        elif (root := target.split(".")[0]) and root not in sys.stdlib_module_names:
+                            packages[name].add(root)  # noqa: B023
+                elif not (isinstance(child, ast.If) and _is_type_checking(child)):
+                    nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    visit(child, in_function or nested)
+
+        visit(ast.parse(path.read_text()), False)
+    return edges, packages, late
+
+
+def _loaded(module: str, edges: dict[str, set[str]], packages: dict[str, set[str]]) -> set[str]:
+    """Third-party packages that importing ``module`` loads at module level."""
+    seen, todo = {module}, [module]
+    while todo:
+        for nxt in edges[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return set().union(*(packages[m] for m in seen)) - {"__future__"}
+
+
+def test_function_level_imports_defer_a_dependency() -> None:
+    edges, packages, late = _third_party_at_top()
+    idle = []
+    for name, line, targets in late:
+        own = [t for t in targets if t in edges and t not in LAZY_PACKAGES]
+        if not own or len(own) < len(targets):
+            continue  # a third-party or lazily resolved import
+        mine = _loaded(name, edges, packages)
+        if not set().union(*(_loaded(t, edges, packages) for t in own)) - mine:
+            idle.append(f"{name}:{line} {', '.join(own)}")
+    assert not idle, "move these imports to the top of their file: " + "; ".join(idle)
 
 
 def test_no_module_over_500_lines() -> None:

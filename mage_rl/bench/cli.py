@@ -26,6 +26,7 @@ from mage_rl.bench.learning_cli import add_learning_parser
 from mage_rl.bench.rollout import POPULATIONS
 from mage_rl.bench.threads import apply_threads
 from mage_rl.console import console
+from mage_rl.provenance import write_results
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,6 @@ def _textenv_specs(args: argparse.Namespace) -> list[str]:
 
 def _save(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
     """Write the raw result to ``--json`` (when given) with its provenance."""
-    from mage_rl.provenance import write_results
-
     if args.json:
         path = write_results(args.json, result, started=started, threads_requested=args.threads)
         console.print(f"raw result: {path}")

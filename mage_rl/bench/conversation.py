@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mage_rl.rl.conversation import ConversationSample, Segment
+
 logger = logging.getLogger(__name__)
 
 OPPONENTS = {"kuhn_poker": "kuhn_poker:intermediate", "tic_tac_toe": "tic_tac_toe:random"}
@@ -248,7 +250,6 @@ def bench_conversation(
     import torch
 
     from mage_rl.policy.models import load_model
-    from mage_rl.rl.conversation import ConversationSample, Segment
 
     if game not in OPPONENTS or prompt not in ("compact", "standard"):
         raise ValueError(

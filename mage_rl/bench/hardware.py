@@ -63,6 +63,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mage_rl.bench.learner import _synthetic_ids, on_policy_batch, time_updates
+from mage_rl.cache import cache_root
+from mage_rl.policy.base import SamplingParams
+from mage_rl.provenance import cpu_model
+
 logger = logging.getLogger(__name__)
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -182,7 +187,6 @@ def shape_tokenizer(path: str | None = None) -> tuple[Any, str]:
     tiny one: only ids flow through the benchmark, and the model's vocabulary is fixed."""
     from transformers import AutoTokenizer
 
-    from mage_rl.cache import cache_root
     from mage_rl.policy.models import SMOLLM2_CACHE_NAME, load_model
 
     if path:
@@ -280,7 +284,6 @@ def _learner_phase(
 ) -> dict[str, Any]:  # fmt: skip
     import torch
 
-    from mage_rl.bench.learner import _synthetic_ids, on_policy_batch, time_updates
     from mage_rl.rl.learner import Learner, LearnerConfig
 
     device = next(model.parameters()).device
@@ -362,7 +365,6 @@ def _engine_phase(
 ) -> dict[str, Any]:  # fmt: skip
     import torch
 
-    from mage_rl.policy.base import SamplingParams
     from mage_rl.policy.engine import LocalEngine
 
     first = next(model.parameters())
@@ -418,8 +420,6 @@ def _engine_phase(
 
 def _device_info(device: Any) -> dict[str, Any]:
     import torch
-
-    from mage_rl.provenance import cpu_model
 
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from mage_rl.bench.conversation import time_updates
 from mage_rl.bench.rollout import POPULATIONS, _run_mode, rollout_setup
+from mage_rl.rl.conversation import record_conversation
 
 if TYPE_CHECKING:
     from mage_rl.policy.models import DType
@@ -192,8 +193,6 @@ def conversation_tokens(records: Sequence[Any], tokenizer: Any) -> dict[str, dic
         ``{part: {"tokens": mean per meta-episode, "messages": mean count}}`` for each of
         :data:`PARTS`, and ``"total"``.
     """
-    from mage_rl.rl.conversation import record_conversation
-
     sums = {part: [0.0, 0.0] for part in (*PARTS, "total")}
 
     def add(part: str, n: int) -> None:

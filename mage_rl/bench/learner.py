@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mage_rl.rl.learner import DType
+    from mage_rl.policy.models import DType
 
 logger = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from mage_rl.envs.parsing import extract_action
+from mage_rl.eval.stats import wilson_interval
 from mage_rl.provenance import write_results
 
 SHARED_SECTIONS = ("plugins", "policy", "rollout", "returns", "advantages", "learner")
@@ -152,8 +153,6 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def share_interval(hits: int, n: int) -> dict[str, float | int | None]:
     """A share with its 95 % Wilson interval."""
-    from mage_rl.eval.stats import wilson_interval
-
     if n == 0:
         return {"mean": None, "low": None, "high": None, "n": 0}
     est = wilson_interval(hits, n)

@@ -22,7 +22,9 @@ from mage_rl.bench.learning import (
     read_records,
     share_interval,
 )
+from mage_rl.envs.rps import rps_values
 from mage_rl.provenance import write_results
+from mage_rl.rl.advantages import compute_advantages
 
 # -- the diagnosis: which term of the update moves which logit ---------------------------
 
@@ -64,7 +66,6 @@ def diagnose_update(
 
     from mage_rl.config import TrainConfig, load_config
     from mage_rl.config_yaml import read_yaml
-    from mage_rl.rl.advantages import compute_advantages
     from mage_rl.rl.batching import samples_from_records
     from mage_rl.rl.trainer import Trainer
 
@@ -216,8 +217,6 @@ def evaluate_checkpoint(
         ),
     }
     if cfg.env.name == "rock_paper_scissors":
-        from mage_rl.envs.rps import rps_values
-
         pop = runtime.population(cfg)
         values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
         doc["oracle"] = values.to_dict()

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mage_rl.bench.threads import apply_threads
 from mage_rl.console import console
 
 
 def cmd_learning(args: argparse.Namespace) -> int:
     """Run the probe suite, or one of its two checks, as the flags say."""
     from mage_rl.bench.learning import PROBES, bench_learning, format_learning
-    from mage_rl.bench.threads import apply_threads
 
     started = time.time()
     apply_threads(args.threads)

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mage_rl.policy.base import SamplingParams
+
 if TYPE_CHECKING:
     from mage_rl.policy.models import DType
 
@@ -238,7 +240,6 @@ def _run_mode(
     The meta-episode records are appended to ``records_out`` when it is given.
     """
     from mage_rl import runtime
-    from mage_rl.policy.base import SamplingParams
     from mage_rl.policy.engine import LocalEngine
 
     batched = mode == "batched"

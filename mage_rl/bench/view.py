@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mage_rl.view.browser import chromium, wait_for
+from mage_rl.view.cli import folder_server
+
 
 def _synthetic_run(source: Path, folder: Path, count: int) -> int:
     """Copy ``source``'s figures and fill ``samples/`` with ``count`` meta-episodes made
@@ -55,9 +58,7 @@ def _synthetic_run(source: Path, folder: Path, count: int) -> int:
 
 def bench_view(run: str, meta_episodes: int = 10_000, rounds: int = 3) -> dict[str, Any]:
     """Build the page of a synthetic run of ``meta_episodes`` and time it in Chromium."""
-    from mage_rl.view.browser import chromium, wait_for
     from mage_rl.view.build import build_site
-    from mage_rl.view.cli import folder_server
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "run"

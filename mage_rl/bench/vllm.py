@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mage_rl.policy.base import SamplingParams
+
 logger = logging.getLogger(__name__)
 
 ENGINES = ("vllm", "local")
@@ -120,7 +122,6 @@ def _run_engine(
 ) -> dict[str, Any]:
     """Start one engine, warm it up, play the tasks once; its measurements."""
     from mage_rl import runtime
-    from mage_rl.policy.base import SamplingParams
 
     policy = cfg.policy.model_copy(update={"engine": name})
     started = time.perf_counter()

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from mage_rl.cluster.deps import require
 from mage_rl.records import MetaEpisodeRecord, Turn
 from mage_rl.rl.advantages import AdvantageConfig, compute_advantages, final_reward
 from mage_rl.rl.batching import ConversationSample, TrainingSample, record_samples
@@ -43,8 +44,6 @@ from mage_rl.rl.returns import ReturnConfig
 
 def experience_class() -> Any:
     """OpenRLHF's ``Experience`` dataclass (imported on first use)."""
-    from mage_rl.cluster.deps import require
-
     return require("openrlhf.trainer.ppo_utils.experience", "MAGE experiences").Experience
 
 

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mage_rl.cluster.deps import require
 from mage_rl.config import TrainConfig
 
 _KL = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2"}
@@ -198,8 +199,6 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
 
 def build_args(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False) -> Any:
     """OpenRLHF's nested argument namespace for ``cfg`` (see the module docstring)."""
-    from mage_rl.cluster.deps import require
-
     parser = openrlhf_parser()
     flat = parser.parse_args(openrlhf_flags(cfg, run_dir, resume=resume))
     args = require("openrlhf.utils.config", "train.backend=openrlhf").hierarchize(flat)

@@ -38,6 +38,8 @@ from typing import Any
 
 from mage_rl.cluster.deps import require
 from mage_rl.cluster.experience import experiences_from_records, keep_mage_advantages
+from mage_rl.cluster.openrlhf_args import build_args
+from mage_rl.cluster.vllm_policy import VLLMEnginePolicy
 from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import credit_parts
@@ -120,9 +122,6 @@ class OpenRLHFTrainer(Trainer):
     def build_backend(self, checkpoint: Path | None) -> int:
         """The policy in OpenRLHF's actor group and vLLM engines instead of this process;
         ``checkpoint`` (found by the local trainer's rules) resumes OpenRLHF's own state."""
-        from mage_rl.cluster.openrlhf_args import build_args
-        from mage_rl.cluster.vllm_policy import VLLMEnginePolicy
-
         ray = require("ray", PURPOSE)
         require("vllm", PURPOSE)
         require("deepspeed", PURPOSE)

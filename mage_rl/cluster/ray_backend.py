@@ -32,8 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mage_rl import runtime
 from mage_rl.cluster.deps import require
 from mage_rl.config import TrainConfig
+from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 from mage_rl.rl.trainer import Trainer
@@ -62,10 +65,6 @@ class RolloutWorker:
     def __init__(self, cfg: dict[str, Any], index: int, torch_threads: int = 1) -> None:
         import torch
 
-        from mage_rl import runtime
-        from mage_rl.policy.engine import LocalEngine
-        from mage_rl.policy.models import load_model
-
         torch.set_num_threads(torch_threads)
         self.cfg = TrainConfig.model_validate(cfg)
         self.index = index
@@ -91,8 +90,6 @@ class RolloutWorker:
 
     def rollout(self, tasks: list[TaskInstance], group_size: int) -> list[MetaEpisodeRecord]:
         """Play ``len(tasks) x group_size`` meta-episodes with the current weights."""
-        from mage_rl import runtime
-
         return runtime.run_rollouts(self.cfg, self.graph, self.llm, tasks, group_size)
 
     def close(self) -> None:
@@ -147,8 +144,6 @@ class RayTrainer(Trainer):
 
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
         """The local trainer's task draw, played by the workers (round-robin by task)."""
-        from mage_rl import runtime
-
         ray = self._ray
         tasks, group_size = runtime.training_tasks(self.cfg, iteration)
         n = len(self.workers)

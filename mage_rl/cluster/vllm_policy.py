@@ -25,14 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mage_rl.cluster.deps import require
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.tokenization import render_prompt
 
 
 def vllm_sampling_params(**kwargs: Any) -> Any:
     """``vllm.SamplingParams(**kwargs)``, imported only when called."""
-    from mage_rl.cluster.deps import require
-
     return require("vllm", "train.backend=openrlhf").SamplingParams(**kwargs)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyspiel
 
+from mage_rl.cache import cache_root
 from mage_rl.envs.base import Outcome
 from mage_rl.envs.openspiel_env import FinalScore, GameRules, decision_states
 from mage_rl.envs.opponents import Opponent, register_opponent_factory
@@ -185,8 +186,6 @@ CFR_ITERATIONS = 1000
 
 def cache_dir() -> Path:
     """Where solved policies and converted models are cached (``$MAGE_RL_CACHE``)."""
-    from mage_rl.cache import cache_root
-
     return cache_root()
 
 

@@ -21,7 +21,12 @@ import pyspiel
 
 from mage_rl.envs.base import Outcome
 from mage_rl.envs.openspiel_env import FinalScore, GameRules
-from mage_rl.envs.opponents import Opponent, register_opponent_factory
+from mage_rl.envs.opponents import (
+    Opponent,
+    Population,
+    register_opponent_factory,
+    register_population,
+)
 from mage_rl.envs.policy_opponents import SolvedPolicyOpponent, UniformRandomOpponent
 
 RANKS = ("J", "Q", "K")
@@ -351,8 +356,6 @@ def _cfr_factory(args: Sequence[str]) -> Opponent:
 
 def register_opponents() -> None:
     """Register the Leduc opponents and presets; called by :mod:`mage_rl.envs.builtins`."""
-    from mage_rl.envs.opponents import Population, register_population
-
     game = "leduc_poker"
     for name in ARCHETYPES:
         register_opponent_factory(game, name, _rule_factory(name), f"{game}:{name}")

@@ -22,7 +22,12 @@ import pyspiel
 
 from mage_rl.envs.base import LOSS_REWARD, WIN_REWARD
 from mage_rl.envs.openspiel_env import FinalScore, GameRules
-from mage_rl.envs.opponents import Opponent, register_opponent_factory
+from mage_rl.envs.opponents import (
+    Opponent,
+    Population,
+    register_opponent_factory,
+    register_population,
+)
 from mage_rl.envs.policy_opponents import UniformRandomOpponent
 
 SIDES = 6
@@ -290,8 +295,6 @@ def _random_factory(args: Sequence[str]) -> Opponent:
 
 def register_opponents() -> None:
     """Register the Liar's Dice opponents and presets; called by :mod:`mage_rl.envs.builtins`."""
-    from mage_rl.envs.opponents import Population, register_population
-
     game = "liars_dice"
     for name in ARCHETYPES:
         register_opponent_factory(game, name, _rule_factory(name), f"{game}:{name}")

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mage_rl.envs.base import derive_seed
 from mage_rl.envs.names import ENVS, canonical_game
 from mage_rl.registry import PLUGIN_HINT
 
@@ -208,8 +209,6 @@ class Population:
 
     def sample(self, seed: int) -> str:
         """The opponent of the meta-episode with this task seed (deterministic)."""
-        from mage_rl.envs.base import derive_seed
-
         rng = np.random.default_rng(derive_seed("population", seed))
         return self.specs[int(rng.choice(len(self.members), p=self.weights))]
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyspiel
 
+from mage_rl.cache import cache_root
 from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import Opponent
 from mage_rl.fileio import atomic_write_json
@@ -32,8 +33,6 @@ def solve_cfr_plus(game_name: str, iterations: int) -> PolicyTable:
     Raises:
         ValueError: ``iterations`` is below 1.
     """
-    from mage_rl.cache import cache_root
-
     if iterations < 1:
         raise ValueError(f"CFR+ needs at least one iteration, got {iterations}")
     path = cache_root() / f"cfr_plus_{game_name}_{iterations}.json"

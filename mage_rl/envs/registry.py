@@ -28,6 +28,8 @@ from mage_rl.envs.names import (
     env_names,
     env_spec,
 )
+from mage_rl.envs.openspiel_env import OpenSpielEnv
+from mage_rl.envs.opponents import make_opponent
 
 if TYPE_CHECKING:
     from mage_rl.envs.base import TextEnv
@@ -94,9 +96,6 @@ def register_env(
         game_rules = rules
 
         def build(opponent: Any, seat: int, max_turns: int | None) -> TextEnv:
-            from mage_rl.envs.openspiel_env import OpenSpielEnv
-            from mage_rl.envs.opponents import make_opponent
-
             if isinstance(opponent, str):
                 opponent = make_opponent(opponent)
             return OpenSpielEnv(game_rules, opponent, seat=seat, max_turns=max_turns)

@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.play import run_play
+from mage_rl.eval.served import served_agent
 from mage_rl.graphs import AGENT_GRAPHS
 from mage_rl.registry import PLUGIN_HINT
+from mage_rl.rl.run_folder import find_run
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +83,6 @@ def parse_agents(
         ValueError: An unknown style, ``endpoint`` without a URL, two equal labels, or a
             served agent's server that cannot be reached.
     """
-    from mage_rl.eval.play import run_play
-    from mage_rl.rl.run_folder import find_run
-
     if not texts:
         raise ValueError("no agent to evaluate; pass e.g. --agent react --agent reflexion")
     parsed: list[tuple[str, str, str | None, str | None, Any]] = []
@@ -117,8 +117,6 @@ def parse_agents(
         if model == "endpoint" and endpoint:
             model = endpoint
         if model.startswith(("http://", "https://")) and style not in AGENT_GRAPHS:
-            from mage_rl.eval.served import served_agent
-
             card = served_agent(model, endpoint_model)
             if card is not None:  # the server runs the agent's own graph
                 if label is None and _LABEL.match(style):

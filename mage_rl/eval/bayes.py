@@ -34,6 +34,7 @@ import numpy as np
 import pyspiel
 
 from mage_rl.envs.kuhn import BET, PASS, card_of
+from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import Population, make_opponent
 
 DEALS = tuple((a, b) for a in range(3) for b in range(3) if a != b)  # (player 0, player 1)
@@ -184,8 +185,6 @@ def last_hand_value_adaptive(table: HandTable, prior: np.ndarray, num_episodes: 
 
 def _is_deterministic(spec: str, trials: int = 4) -> bool:
     """Whether the opponent picks the same action in every state whatever its seed."""
-    from mage_rl.envs.openspiel_env import decision_states
-
     choices: dict[str, set[int]] = {}
     for seed in range(trials):
         opponent = make_opponent(spec)

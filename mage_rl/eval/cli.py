@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.markdown import Markdown
 
 from mage_rl.console import console, error, notice
-from mage_rl.eval.settings import add_arguments
+from mage_rl.eval.settings import add_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ def _print_table_one(table: Path) -> None:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mage_rl.eval.harness import EvalConfig, parse_agents, run_evaluation
-    from mage_rl.eval.settings import settings_from_args
 
     agents = parse_agents(args.agent, args.model, args.endpoint, args.endpoint_model)
     cfg = EvalConfig(agents=agents, **settings_from_args(args))

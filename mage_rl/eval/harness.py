@@ -56,6 +56,7 @@ from mage_rl.eval.run_folder import (
     slim,
     tasks_document,
 )
+from mage_rl.eval.served import play_served
 from mage_rl.graphs import MetaEpisodeGraph
 from mage_rl.policy.chat_model import PolicyChatModel, seeded
 from mage_rl.records import MetaEpisodeRecord
@@ -134,8 +135,6 @@ async def play_served_tasks(
     import os
 
     import openai
-
-    from mage_rl.eval.served import play_served
 
     card = agent.served
     if play.meta.episodes != card.episodes:

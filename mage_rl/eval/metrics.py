@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from mage_rl.eval.stats import mean_interval, wilson_interval
 from mage_rl.records import MetaEpisodeRecord
 
 
@@ -133,7 +134,6 @@ def summarize_with_intervals(
         all records, and the same block under ``by_opponent[opponent]``,
         ``by_seat["first"|"second"]`` and ``by_opponent_seat["opponent|seat"]``.
     """
-    from mage_rl.eval.stats import mean_interval, wilson_interval
 
     def block(recs: Sequence[MetaEpisodeRecord]) -> dict[str, Any]:
         outcomes = [[e.outcome for e in r.episodes] for r in recs]

@@ -23,8 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mage_rl.envs import env_spec
 from mage_rl.envs.names import canonical_game
-from mage_rl.rl.run_folder import CONFIG_FILE
+from mage_rl.rl.run_folder import CONFIG_FILE, find_run
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig
@@ -204,7 +205,6 @@ def agent_config(agent: AgentSpec, env: str, settings: Any, population: str) -> 
 
     from mage_rl.config import RunConfig
     from mage_rl.config_yaml import describe_error, set_path
-    from mage_rl.envs import env_spec
 
     data = run_config(agent.run) if agent.run else {}
     data.pop("rollout", None)
@@ -240,7 +240,6 @@ def trained_config(run: str | Path, overrides: list[str] | None = None) -> tuple
     """
     from mage_rl.config import RunConfig
     from mage_rl.config_yaml import parse_overrides, set_path
-    from mage_rl.rl.run_folder import find_run
 
     found = find_run(str(run))
     if found is None:

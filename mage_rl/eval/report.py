@@ -25,8 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.envs import Population
 from mage_rl.eval.decisions import counts_by_episode, small_game_counts
 from mage_rl.eval.metrics import summarize_with_intervals
+from mage_rl.eval.oracles import kuhn_oracle
 from mage_rl.eval.plots import write_plots
 from mage_rl.eval.run_folder import RecordLog, records_path
 from mage_rl.eval.tables import SEATS, fmt_mean, fmt_rate, render_markdown
@@ -53,9 +55,6 @@ __all__ = [
 
 def kuhn_reference(population: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """The SPEC §9 oracle values of a Kuhn population, per seat (chips per hand)."""
-    from mage_rl.envs import Population
-    from mage_rl.eval.oracles import kuhn_oracle
-
     oracle = kuhn_oracle(Population(tuple((str(s), float(w)) for s, w in population)))
     return {
         seat.seat: {

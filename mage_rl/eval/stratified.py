@@ -30,6 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mage_rl.envs import make_env
+from mage_rl.envs.base import episode_seed
+from mage_rl.envs.openspiel_env import OpenSpielEnv
 from mage_rl.eval.stats import Estimate, t_quantile
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
@@ -72,8 +75,6 @@ def _seats(seat: str) -> list[tuple[int, float]]:
 
 def _last_deal(env: Any, task_seed: int, num_episodes: int, protocol: str) -> tuple[int, ...]:
     """The chance outcomes of the last episode before the agent first acts."""
-    from mage_rl.envs.base import episode_seed
-
     env.reset(episode_seed(task_seed, num_episodes - 1, protocol))
     return tuple(int(a.action) for a in env.state.full_history() if a.player < 0)
 
@@ -116,9 +117,6 @@ def stratified_tasks(
             and seat only.
         RuntimeError: ``max_scan`` seeds do not cover every deal.
     """
-    from mage_rl.envs import make_env
-    from mage_rl.envs.openspiel_env import OpenSpielEnv
-
     if per_stratum < 2:
         raise ValueError(f"stratified evaluation needs per_stratum >= 2, got {per_stratum}")
     seats = _seats(seat)

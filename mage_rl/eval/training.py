@@ -21,11 +21,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mage_rl.envs import make_env
 from mage_rl.eval.metrics import summarize_records, summarize_with_intervals
-from mage_rl.eval.stratified import StratifiedDesign, stratified_ev, stratified_tasks
+from mage_rl.eval.stratified import (
+    StratifiedDesign,
+    _all_first_deals,
+    stratified_ev,
+    stratified_tasks,
+)
 from mage_rl.fileio import atomic_write_json, writing
+from mage_rl.graphs import agent_graph
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance
+from mage_rl.rl.rollout import TaskInstance, write_jsonl
 
 UNTRAINED = "untrained"
 """The label of the run's own graph evaluated with the untrained weights."""
@@ -34,8 +41,6 @@ UNTRAINED = "untrained"
 def strata_count(cfg: Any) -> int:
     """How many strata a stratified evaluation of ``cfg`` has (opponent x seat x deal)."""
     from mage_rl import runtime
-    from mage_rl.envs import make_env
-    from mage_rl.eval.stratified import _all_first_deals
 
     population = runtime.population(cfg)
     env = make_env(cfg.env.name, population.specs[0], seat=0)
@@ -94,8 +99,6 @@ def write_eval(run_dir: Path, label: str, summary: dict[str, Any], records: list
     Raises:
         WriteError: A write failed (a full disk, ...).
     """
-    from mage_rl.rl.rollout import write_jsonl
-
     out = run_dir / "eval" / f"{label}.json"
     with writing(out):
         atomic_write_json(out, summary)
@@ -122,7 +125,6 @@ def evaluate_baselines(trainer: Any, progress: Any = None) -> list[Path]:
         progress: ``fn(label, tasks) -> on_done`` for a progress display, or ``None``.
     """
     from mage_rl import runtime
-    from mage_rl.graphs import agent_graph
 
     cfg = trainer.cfg
     paths = []

@@ -19,15 +19,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mage_rl.envs import game_rules
+from mage_rl.envs.rps import rps_values
+from mage_rl.eval.bayes import bayes_last_hand
 from mage_rl.eval.decisions import (
     counts_by_episode,
     decisions_table,
     episodes_table,
     small_game_counts,
 )
+from mage_rl.eval.game_oracles import exploitation_values
+from mage_rl.eval.oracles import kuhn_oracle
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
+from mage_rl.rl.run_folder import checkpoint_name
 
 SEATS = ("first", "second")
 
@@ -63,8 +69,6 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
 
     population = runtime.population(cfg)
     if cfg.env.name == "rock_paper_scissors":
-        from mage_rl.envs.rps import rps_values
-
         try:
             weights = dict(zip(population.specs, population.weights, strict=True))
             rps = rps_values(weights, cfg.meta.episodes)
@@ -75,15 +79,11 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
             values["bayes_last_hand"] = rps.bayes_last
         return {seat: dict(values) for seat in SEATS}  # the game is the same from each seat
     if cfg.env.name != "kuhn_poker":
-        from mage_rl.eval.game_oracles import exploitation_values
-
         values = exploitation_values(cfg.env.name, population)  # no Nash: not reported
         return {
             seat: {"best_fixed": v["best_fixed"], "ceiling": v["ceiling"]}
             for seat, v in values.items()
         }
-    from mage_rl.eval.bayes import bayes_last_hand
-    from mage_rl.eval.oracles import kuhn_oracle
 
     kuhn = kuhn_oracle(population)
     out = {}
@@ -348,8 +348,6 @@ def write_training_report(
         The paths of the report and the plot, and the verdict lines on the last episode.
         ``started`` (``time.time()`` when the command began) sets the stamp's wall time.
     """
-    from mage_rl.rl.run_folder import checkpoint_name
-
     k = cfg.meta.episodes
     final = checkpoint_name(final_iteration)
     rows = _rows(run_dir, cfg, final)
@@ -393,8 +391,6 @@ def write_training_report(
     decisions, decision_counts = _decisions(run_dir, cfg, final)
     lines += decisions
     if oracle:
-        from mage_rl.envs import game_rules
-
         unit = game_rules(cfg.env.name).payoff_unit
         lines += [
             "",

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.cache import cache_root
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.vllm_server import (
     CPU_KV_CACHE_GIB,
@@ -84,7 +85,6 @@ def vllm_model_dir(spec: str) -> str:
             "with save_pretrained, or use smollm2 or an HF model path"
         )
     if path == "smollm2":
-        from mage_rl.cache import cache_root
         from mage_rl.policy.models import SMOLLM2_CACHE_NAME, load_model
 
         target = cache_root(None) / SMOLLM2_CACHE_NAME

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mage_rl.records import REFLECTION_ANCHOR, MetaEpisodeRecord, anchor_id, group_id
+from mage_rl.registry import PLUGIN_HINT
 from mage_rl.rl.estimators import ESTIMATORS, known_estimators
 from mage_rl.rl.returns import ReturnConfig, compute_sample_targets
 
@@ -98,8 +99,6 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         if self.estimator not in known_estimators():
-            from mage_rl.registry import PLUGIN_HINT
-
             raise ValueError(
                 f"AdvantageConfig.estimator must be one of {known_estimators()}, got "
                 f"{self.estimator!r}; to use your own, {PLUGIN_HINT}"

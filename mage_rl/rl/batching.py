@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from mage_rl.policy.constrained import allowed_index
+from mage_rl.policy.constrained import allowed_index, mix_logprob
 from mage_rl.records import MetaEpisodeRecord, Turn
 from mage_rl.rl.conversation import (
     ConversationSample,
@@ -135,8 +135,6 @@ def behaviour_logprobs(
     allowed tokens the result is the exploration mixture's log-prob, what the engine
     sampled from (:func:`~mage_rl.policy.constrained.mix_logprob`).
     """
-    from mage_rl.policy.constrained import mix_logprob
-
     if explore <= 0:
         return list(logprobs)
     if isinstance(sample, ConversationSample):

@@ -33,8 +33,6 @@ autocasts the forward pass.
 
 from __future__ import annotations
 
-import copy
-import inspect
 import logging
 import math
 import time
@@ -46,7 +44,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from mage_rl.policy.models import DType, cpu_supports_bf16
 from mage_rl.rl.batching import (
     MicroBatch,
     TrainingSample,
@@ -65,44 +62,15 @@ from mage_rl.rl.loss import (
     token_mean,
 )
 from mage_rl.rl.loss_terms import LOSS_TERMS, LossInputs
+from mage_rl.rl.model_setup import (
+    accepts_logits_to_keep,
+    make_reference,
+    prepare_policy,
+    resolve_autocast_dtype,
+)
 from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_autocast_dtype(dtype: DType, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype for the forward pass, or ``None`` for plain float32."""
-    if dtype == "fp32":
-        return None
-    if dtype == "bf16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    if device.type == "cpu":
-        return torch.bfloat16 if cpu_supports_bf16() else None
-    return None
-
-
-def _is_peft_model(model: nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # peft is a core dependency, but keep plain models working without it
-        return False
-    return isinstance(model, PeftModel)
-
-
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
-    """Whether ``model.forward`` can skip the logits of prompt positions (HF ``logits_to_keep``)."""
-    base: Any = model.get_base_model() if _is_peft_model(model) else model  # type: ignore[operator]
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _freeze(model: nn.Module) -> nn.Module:
-    model.requires_grad_(False)
-    return model.eval()
 
 
 class Learner(LearnerCheckpoints):
@@ -127,7 +95,7 @@ class Learner(LearnerCheckpoints):
         self.config = config or LearnerConfig()
         # HF and PEFT models add methods (save_pretrained, disable_adapter) that nn.Module
         # does not declare, so the attribute is typed loosely.
-        self.model: Any = self._prepare_model(model)
+        self.model: Any = prepare_policy(model, self.config)
         self.device = next(self.model.parameters()).device
         self.autocast_dtype = resolve_autocast_dtype(self.config.dtype, self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -143,51 +111,17 @@ class Learner(LearnerCheckpoints):
             # on a CPU, the same update.
             fused=self.device.type in ("cpu", "cuda"),
         )
-        self.ref_model = self._make_reference(ref_model)
+        self.ref_model = make_reference(self.model, ref_model, self.config)
         self.step = 0
         # The entropy bonus's weight now: config.entropy_coef, or adapted after each
         # update when config.entropy_target is set.
         self.entropy_coef = self.config.entropy_coef
         self._generator = torch.Generator().manual_seed(self.config.seed)
-        self._keep_logits = {id(self.model): _accepts_logits_to_keep(self.model)}
+        self._keep_logits = {id(self.model): accepts_logits_to_keep(self.model)}
         if self.ref_model is not None:
-            self._keep_logits[id(self.ref_model)] = _accepts_logits_to_keep(self.ref_model)
+            self._keep_logits[id(self.ref_model)] = accepts_logits_to_keep(self.ref_model)
 
     # ---- set-up --------------------------------------------------------------------
-
-    def _prepare_model(self, model: nn.Module) -> nn.Module:
-        cfg = self.config
-        if cfg.lora and not _is_peft_model(model):
-            from peft import LoraConfig, get_peft_model
-
-            lora_cfg = LoraConfig(
-                r=cfg.lora_r,
-                lora_alpha=cfg.lora_alpha,
-                lora_dropout=cfg.lora_dropout,
-                target_modules=list(cfg.lora_target_modules),
-                task_type="CAUSAL_LM",
-            )
-            model = get_peft_model(model, lora_cfg)
-        elif _is_peft_model(model) and not cfg.lora:
-            raise ValueError(
-                "the model already carries PEFT adapters; set lora: true to train them"
-            )
-        if cfg.lora:
-            # Only the adapters are optimized; keep them in float32 (the base may be bf16).
-            for p in model.parameters():
-                if p.requires_grad and p.dtype != torch.float32:
-                    p.data = p.data.float()
-        elif any(p.dtype != torch.float32 for p in model.parameters()):
-            logger.info("casting the policy to float32 master weights")
-            model = model.float()
-        return model.eval()
-
-    def _make_reference(self, ref_model: nn.Module | None) -> nn.Module | None:
-        if ref_model is not None:
-            return _freeze(ref_model)
-        if self.config.kl_coef <= 0 or self.config.lora:
-            return None
-        return _freeze(copy.deepcopy(self.model))
 
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mage_rl.policy.models import DType
+from mage_rl.registry import PLUGIN_HINT
 from mage_rl.rl.loss import KLKind
 from mage_rl.rl.loss_terms import LOSS_TERMS
 
@@ -154,8 +155,6 @@ class LearnerConfig:
             )
         unknown = [name for name in self.loss_terms if name not in LOSS_TERMS]
         if unknown:
-            from mage_rl.registry import PLUGIN_HINT
-
             raise ValueError(
                 f"LearnerConfig.loss_terms names {unknown}, which no code registered "
                 f"(registered: {LOSS_TERMS.names()}); to use your own, {PLUGIN_HINT}"

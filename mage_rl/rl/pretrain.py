@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from mage_rl.config import TrainConfig
 from mage_rl.fileio import atomic_write_json
+from mage_rl.policy.models import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,6 @@ def pretrain(
         FileExistsError: If ``out_dir`` already holds a pretrained model.
     """
     from mage_rl import runtime
-    from mage_rl.policy.models import load_model
 
     settings = settings or PretrainSettings()
     seats = list(seats) if seats else [cfg.env.seat]

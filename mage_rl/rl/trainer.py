@@ -37,13 +37,18 @@ from typing import Any
 
 import torch
 
+from mage_rl import runtime
 from mage_rl.config import TrainConfig
+from mage_rl.envs import make_env, resolve_seat
 from mage_rl.eval.metrics import summarize_records
 from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval, write_eval
+from mage_rl.eval.training_report import write_training_report
 from mage_rl.fileio import atomic_write_json, writing
+from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
 from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.learner import Learner
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
 from mage_rl.rl.run_folder import (
     STATE_FILE,
@@ -71,9 +76,6 @@ def check_tasks(cfg: TrainConfig) -> None:
     Raises:
         ValueError: What is wrong, naming the config key.
     """
-    from mage_rl import runtime
-    from mage_rl.envs import make_env, resolve_seat
-
     try:
         resolve_seat(cfg.env.seat, 0)
     except ValueError as exc:
@@ -99,8 +101,6 @@ class Trainer:
     def __init__(
         self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True
     ) -> None:
-        from mage_rl import runtime
-
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.show_progress = progress
@@ -133,10 +133,6 @@ class Trainer:
         iteration. The local trainer: a float32 learner and a batched engine in
         ``policy.dtype``, in this process.
         """
-        from mage_rl import runtime
-        from mage_rl.policy.models import load_model
-        from mage_rl.rl.learner import Learner
-
         cfg = self.cfg
         model, self.tokenizer = load_model(cfg.policy.model, dtype="fp32")
         self.learner = Learner(model, cfg.learner)
@@ -168,8 +164,6 @@ class Trainer:
     # -- one iteration -------------------------------------------------------------------
 
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
-        from mage_rl import runtime
-
         tasks, group_size = runtime.training_tasks(self.cfg, iteration)
         return runtime.run_rollouts(
             self.cfg, self.graph, self.train_llm, tasks, group_size, on_done
@@ -195,8 +189,6 @@ class Trainer:
 
     def evaluate(self, iteration: int, on_done: Any = None) -> dict[str, Any]:
         """success@k and ev@k on the fixed evaluation seeds (one rollout per task)."""
-        from mage_rl import runtime
-
         tasks, design = self.eval_design
         records = runtime.run_rollouts(self.cfg, self.graph, self.eval_llm, tasks, 1, on_done)
         summary = summarize_eval(records, self.cfg, design)
@@ -341,8 +333,6 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir)
         written = {}
         if last_eval is not None:
-            from mage_rl.eval.training_report import write_training_report
-
             with writing(self.run_dir):
                 written = write_training_report(self.run_dir, cfg, self.iteration, self._started)
         return {

@@ -32,7 +32,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.envs.remote import AgentAction, EnvMessage, RemoteEnv
+from mage_rl.envs.parsing import extract_remark
+from mage_rl.envs.remote import AgentAction, EnvMessage, RemoteEnv, parse_env_message
 from mage_rl.graphs import MetaEpisodeGraph
 from mage_rl.nodes.tracing import Tracer
 from mage_rl.serve.protocol import APIError
@@ -303,8 +304,6 @@ class AgentSessions:
     @staticmethod
     def _memory(session: Session) -> list[str]:
         """The reflections written so far (the reflect calls' remarks)."""
-        from mage_rl.envs.parsing import extract_remark
-
         out = []
         for turn in session.tracer.turns:
             if turn.kind == "reflect" and not turn.invalid:
@@ -353,8 +352,6 @@ def env_message(body: Any, agent: str) -> EnvMessage:
         APIError: 400 when the request has no usable ``env`` or asks for what the agent
             does not return.
     """
-    from mage_rl.envs.remote import parse_env_message
-
     if body.env is None:
         raise APIError(
             400,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 
+from mage_rl.serve.launch import resolve_api_key, serve_local, serve_vllm
+
 log = logging.getLogger(__name__)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mage_rl.serve.launch import resolve_api_key, serve_local, serve_vllm
-
     api_key = resolve_api_key(args.api_key, args.api_key_file)
     if args.engine == "vllm":
         if args.agent:

@@ -38,7 +38,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.settings import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.net import LOOPBACK_HOSTS, free_port
+from mage_rl.policy.vllm_engine import (
+    VLLMServer,
+    require_vllm_python,
+    vllm_dtype,
+    vllm_model_dir,
+)
+from mage_rl.policy.vllm_server import find_vllm_python, vllm_server_command
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +291,6 @@ def agent_sessions(
     graph (with the run's plugins) and, per session, a chat model with the run's token
     limit and the request's sampling (default: the evaluation's, as ``mage eval``)."""
     from mage_rl import runtime
-    from mage_rl.eval.settings import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
     from mage_rl.policy.chat_model import seeded
     from mage_rl.serve.agent import DEFAULT_IDLE_S, DEFAULT_MAX_SESSIONS, AgentSessions
 
@@ -359,8 +366,6 @@ def vllm_command(
     log-probs of the distribution it sampled from, the convention of the local engine and
     of the learner; without it, rollouts through vLLM would record raw log-probs.
     """
-    from mage_rl.policy.vllm_server import find_vllm_python, vllm_server_command
-
     return vllm_server_command(
         python or find_vllm_python() or "python", model_dir, host=host, port=port,
         served_model_name=served_model_name, extra_args=extra_args,
@@ -370,8 +375,6 @@ def vllm_command(
 def vllm_available() -> bool:
     """Whether a Python with vLLM is at hand (see
     :func:`~mage_rl.policy.vllm_engine.find_vllm_python`)."""
-    from mage_rl.policy.vllm_server import find_vllm_python
-
     return find_vllm_python() is not None
 
 
@@ -403,13 +406,6 @@ def serve_vllm(
             ``host`` without a key or ``insecure``.
         RuntimeError: If the server exits before it is healthy.
     """
-    from mage_rl.policy.vllm_engine import (
-        VLLMServer,
-        require_vllm_python,
-        vllm_dtype,
-        vllm_model_dir,
-    )
-
     check_exposure(host, api_key, insecure)
     if not vllm_available():
         raise ImportError(VLLM_HINT)

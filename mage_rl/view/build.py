@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mage_rl.provenance import provenance
 from mage_rl.view.data import INDEX_COLUMNS, meta_episode, meta_episodes, run_summary
 
 CHUNK_SIZE = 100
@@ -56,8 +57,6 @@ def build_site(
         ValueError: A folder is neither a training run nor an evaluation.
     """
     from jinja2 import Environment, PackageLoader, select_autoescape
-
-    from mage_rl.provenance import provenance
 
     paths = [Path(r) for r in runs]
     for path in paths:

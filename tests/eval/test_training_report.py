@@ -123,7 +123,7 @@ def test_fewer_baseline_tasks_are_the_first_of_the_same_tasks() -> None:
 def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> None:
     """The report's reference lines are the game oracle's, for the run's population (the
     oracle's own values are tested in tests/eval/test_game_oracles.py)."""
-    from mage_rl.eval import game_oracles
+    from mage_rl.eval import training_report
     from mage_rl.eval.training_report import oracle_values
 
     asked = []
@@ -135,7 +135,7 @@ def test_leduc_and_liars_dice_reports_carry_their_oracle_values(monkeypatch) -> 
             for i, seat in enumerate(("first", "second"), start=1)
         }
 
-    monkeypatch.setattr(game_oracles, "exploitation_values", values)
+    monkeypatch.setattr(training_report, "exploitation_values", values)
     configs = Path(__file__).parents[2] / "configs"
     for name, game in (("leduc", "leduc_poker"), ("liars_dice", "liars_dice")):
         cfg = load_config(configs / f"{name}_smollm2.yaml", cls=TrainConfig)

@@ -10,8 +10,10 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from mage_rl.policy.models import cpu_supports_bf16
 from mage_rl.rl.batching import Sample
-from mage_rl.rl.learner import Learner, LearnerConfig, cpu_supports_bf16, resolve_autocast_dtype
+from mage_rl.rl.learner import Learner, LearnerConfig
+from mage_rl.rl.model_setup import resolve_autocast_dtype
 from mage_rl.rl.packing import pack_micro_batches
 
 VOCAB = 128
