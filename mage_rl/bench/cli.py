@@ -211,7 +211,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=lambda text: [v for v in text.split(",") if v],
         default=None,
         help="learner settings to compare instead of bf16 vs fp32, comma-separated "
-        "DTYPE[:MICRO_BATCH_TOKENS], say fp32:8192,fp32:1024",
+        "DTYPE[:MICRO_BATCH_TOKENS][:RESCORE], say fp32:8192,fp32:1024 or "
+        "bf16:1024:before,bf16:1024:fused (RESCORE: recorded, before, fused)",
     )
     _add_common(p)
     p.set_defaults(

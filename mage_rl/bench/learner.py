@@ -20,8 +20,12 @@ The ratio bf16 / fp32 of tokens per second is the claim. bf16 only pays off on C
 native bf16 instructions (``avx512_bf16``/``amx_bf16``); elsewhere it is emulated.
 
 ``variants`` compares other learner settings the same way: each is
-``DTYPE[:MICRO_BATCH_TOKENS]`` (say ``fp32:1024``), and every
-variant after the first gets its ratio to the first. ``prompt_spread`` draws each
+``DTYPE[:MICRO_BATCH_TOKENS][:RESCORE]`` (say ``fp32:1024`` or ``bf16:1024:fused``), and
+every variant after the first gets its ratio to the first. ``RESCORE`` is how the old
+log-probs are had when sampler and learner differ in precision (``mage train`` rescores
+then): ``recorded`` (the default: taken as they are), ``before`` (one no-grad pass over
+the batch, then the update) or ``fused`` (``Learner.update(refresh_old=0)``: the update's
+own forward pass gives them). ``prompt_spread`` draws each
 prompt's length from ``prompt_len +- prompt_spread``, so that micro-batches carry
 padding as real batches do.
 """
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "bf16", "fp32")
+RESCORE = ("recorded", "before", "fused")
 
 
 def bench_learner(
@@ -69,8 +74,8 @@ def bench_learner(
             forward pass per micro-batch (training configs use 0.1).
         micro_batch_tokens: Padded tokens per forward pass (training config: 8192).
         variants: Learner settings to compare instead of ``dtypes``:
-            ``DTYPE[:MICRO_BATCH_TOKENS]`` each (without the second part: the
-            ``micro_batch_tokens`` argument).
+            ``DTYPE[:MICRO_BATCH_TOKENS][:RESCORE]`` each (without the second part:
+            the ``micro_batch_tokens`` argument; without the third: ``recorded``).
         prompt_spread: Prompt lengths are drawn from ``prompt_len +- prompt_spread``.
 
     Returns:
@@ -108,7 +113,7 @@ def bench_learner(
 
     ids: list[tuple[list[int], list[int], float]] | None = None
     results: dict[str, dict[str, Any]] = {}
-    for dtype, (precision, micro) in settings.items():
+    for dtype, (precision, micro, rescore) in settings.items():
         # A fresh fp32 copy per variant: the learner trains in place and keeps fp32 master
         # weights anyway, so every variant starts from the same weights.
         lm, _ = load_model(model, dtype="fp32")
@@ -131,7 +136,9 @@ def bench_learner(
         tokens = sum(s.length for s in batch)
         logger.info("bench learner %s: warm-up update of %d tokens", dtype, tokens)
         cuda = learner.device.type == "cuda"
-        timed = time_updates(learner, batch, repeats, torch.cuda.synchronize if cuda else None)
+        timed = time_updates(
+            learner, batch, repeats, torch.cuda.synchronize if cuda else None, rescore
+        )
         autocast = learner.autocast_dtype
         results[dtype] = {
             "autocast": str(autocast or torch.float32).removeprefix("torch."),
@@ -182,12 +189,16 @@ def on_policy_batch(learner: Any, ids: list[tuple[list[int], list[int], float]])
 
 
 def time_updates(
-    learner: Any, batch: Sequence[Any], repeats: int, sync: Callable[[], None] | None = None
+    learner: Any,
+    batch: Sequence[Any],
+    repeats: int,
+    sync: Callable[[], None] | None = None,
+    rescore: str = "recorded",
 ) -> dict[str, Any]:
     """One warm-up :meth:`~mage_rl.rl.learner.Learner.update`, then ``repeats`` timed ones.
 
     ``sync`` (say ``torch.cuda.synchronize``) runs before each clock reading, so queued
-    GPU work is counted in the update that queued it.
+    GPU work is counted in the update that queued it. ``rescore``: see the module notes.
 
     Returns:
         ``warmup_s``, ``update_s`` (the fastest timed update), ``repeat_s`` (all of them),
@@ -195,16 +206,26 @@ def time_updates(
         ``approx_kl`` and ``clip_frac`` of the warm-up update.
     """
     sync = sync or (lambda: None)
+
+    def update() -> dict[str, float]:
+        if rescore == "fused":
+            return learner.update(batch, refresh_old=0.0)
+        if rescore == "before":
+            fresh = learner.compute_logprobs(batch)
+            rescored = [s.with_old_logprobs(lp) for s, lp in zip(batch, fresh, strict=True)]
+            return learner.update(rescored)
+        return learner.update(batch)
+
     sync()
     start = time.perf_counter()
-    warm = learner.update(batch)
+    warm = update()
     sync()
     warmup_s = time.perf_counter() - start
     timings = []
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     for _ in range(repeats):
         start = time.perf_counter()
-        learner.update(batch)
+        update()
         sync()
         timings.append(time.perf_counter() - start)
     cpu_cores = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
@@ -218,19 +239,23 @@ def time_updates(
     }
 
 
-def _variant(name: str, micro_batch_tokens: int) -> tuple[Any, int]:
-    """``DTYPE[:MICRO_BATCH_TOKENS]`` -> (dtype, micro-batch tokens)."""
+def _variant(name: str, micro_batch_tokens: int) -> tuple[Any, int, str]:
+    """``DTYPE[:MICRO_BATCH_TOKENS][:RESCORE]`` -> (dtype, micro-batch tokens, rescore)."""
     parts = name.split(":")
     try:
-        if parts[0] not in DTYPES or len(parts) > 2:
+        if parts[0] not in DTYPES or len(parts) > 3:
             raise ValueError
-        micro = int(parts[1]) if len(parts) > 1 else micro_batch_tokens
+        micro = int(parts[1]) if len(parts) > 1 and parts[1] else micro_batch_tokens
+        rescore = parts[2] if len(parts) > 2 else "recorded"
+        if rescore not in RESCORE:
+            raise ValueError
     except ValueError:
         raise ValueError(
-            f"learner setting {name!r}: write DTYPE[:MICRO_BATCH_TOKENS] "
-            f"with DTYPE among {list(DTYPES)}, say fp32:1024"
+            f"learner setting {name!r}: write DTYPE[:MICRO_BATCH_TOKENS][:RESCORE] with "
+            f"DTYPE among {list(DTYPES)} and RESCORE among {list(RESCORE)}, say fp32:1024 "
+            "or bf16:1024:fused"
         ) from None
-    return parts[0], micro
+    return parts[0], micro, rescore
 
 
 def _synthetic_ids(

@@ -118,6 +118,18 @@ def test_bench_learner_compares_learner_settings() -> None:
     assert "| fp32:16 |" in report and "fp32:16 / fp32:64:" in report
 
 
+def test_bench_learner_times_the_ways_of_rescoring() -> None:
+    variants = ["fp32:64:before", "fp32:64:fused", "fp32:64"]
+    result = bench_learner(
+        model="tiny", samples=4, prompt_len=16, response_len=4, repeats=1, kl_coef=0.0,
+        variants=variants,
+    )  # fmt: skip
+    assert list(result["ratios"]) == ["fp32:64:fused/fp32:64:before", "fp32:64/fp32:64:before"]
+    for entry in result["dtypes"].values():
+        # Every way starts from the sampling weights' own log-probs: ratio 1.
+        assert abs(entry["approx_kl"]) < 1e-6 and entry["clip_frac"] == 0.0
+
+
 def test_bench_learner_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="learner setting 'fp16'"):
         bench_learner(model="tiny", dtypes=("fp16",))
@@ -125,6 +137,8 @@ def test_bench_learner_rejects_bad_settings() -> None:
         bench_learner(model="tiny", variants=["fp32:many"])
     with pytest.raises(ValueError, match="learner setting 'fp32:16:1'"):
         bench_learner(model="tiny", variants=["fp32:16:1"])
+    with pytest.raises(ValueError, match="RESCORE among"):
+        bench_learner(model="tiny", variants=["fp32:16:fused:x"])
     with pytest.raises(ValueError, match="distinct"):
         bench_learner(model="tiny", variants=["fp32", "fp32"])
     with pytest.raises(ValueError, match="samples must be >= 1"):
