@@ -13,10 +13,11 @@ from typing import Any
 from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
-from mage_rl.graphs import GraphOptions, MetaEpisodeGraph, agent_graph
+from mage_rl.eval.llm_opponent import register_llm_opponents
+from mage_rl.graphs import MetaEpisodeGraph, agent_graph
 from mage_rl.nodes.conversation import reflect_message, step_message
 from mage_rl.nodes.core import play_prompt
-from mage_rl.nodes.state import MetaEpisodeContext
+from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.plugins import load_plugins, load_process_plugins
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.conversation import (
@@ -30,22 +31,8 @@ from mage_rl.policy.vllm_engine import VLLMEngine
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
 
-
-def graph_options(cfg: RunConfig) -> GraphOptions:
-    """The meta-episode graph options of a config."""
-    return GraphOptions(
-        num_episodes=cfg.meta.episodes,
-        context=cfg.meta.context,
-        protocol=cfg.env.protocol,
-        stop_on_success=cfg.meta.stop_on_success,
-        react=cfg.meta.agent == "react",
-        max_tokens=cfg.policy.max_tokens,
-        reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
-        prompt=cfg.meta.prompt,
-        constrain_actions=cfg.policy.constrain_actions,
-        answer_lead=cfg.policy.answer_lead,
-        layout=cfg.meta.layout,
-    )
+# GAME:llm:RUN_OR_MODEL opponents for every two-player OpenSpiel game.
+register_llm_opponents()
 
 
 def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
@@ -56,6 +43,7 @@ def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
     """
     load_process_plugins()
     load_plugins(cfg.plugins)
+    register_llm_opponents()  # for the games the plugins added too
     return agent_graph(cfg.meta.agent, graph_options(cfg))
 
 

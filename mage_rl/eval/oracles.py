@@ -47,14 +47,18 @@ def opponent_policy(opponent: Opponent | str, seat: int) -> os_policy.TabularPol
         opponent = make_opponent(opponent)
     game = kuhn_game()
     table = os_policy.TabularPolicy(game)
+    exact = getattr(opponent, "action_probabilities", None)  # a randomised opponent's
     for state in decision_states(game):
         if state.current_player() != seat:
             continue
-        opponent.reset(0)
-        action = opponent.act(state.clone(), seat)
         probs = table.policy_for_key(state.information_state_string(seat))
         probs[:] = 0.0
-        probs[action] = 1.0
+        if exact is not None:
+            for action, p in exact(state.clone(), seat).items():
+                probs[action] = p
+            continue
+        opponent.reset(0)
+        probs[opponent.act(state.clone(), seat)] = 1.0
     return table
 
 
@@ -142,6 +146,7 @@ def winnable_fraction(opponent: Opponent | str, agent_seat: int) -> float:
     if isinstance(opponent, str):
         opponent = make_opponent(opponent)
     game = kuhn_game()
+    exact = getattr(opponent, "action_probabilities", None)
 
     def can_win(state: pyspiel.State) -> bool:
         if state.is_terminal():
@@ -149,6 +154,9 @@ def winnable_fraction(opponent: Opponent | str, agent_seat: int) -> float:
         player = state.current_player()
         if player == agent_seat:
             return any(can_win(state.child(a)) for a in state.legal_actions())
+        if exact is not None:  # a randomised opponent: any move it may make
+            moves = [a for a, p in exact(state.clone(), player).items() if p > 0]
+            return any(can_win(state.child(a)) for a in moves)
         return can_win(state.child(opponent.act(state, player)))
 
     root = game.new_initial_state()

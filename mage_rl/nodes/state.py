@@ -169,3 +169,20 @@ class MetaEpisodeContext:
     opponent: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     tracer: Tracer = field(default_factory=Tracer)
+
+
+def graph_options(cfg: Any) -> GraphOptions:
+    """The meta-episode graph options of a run config (:class:`~mage_rl.config.RunConfig`)."""
+    return GraphOptions(
+        num_episodes=cfg.meta.episodes,
+        context=cfg.meta.context,
+        protocol=cfg.env.protocol,
+        stop_on_success=cfg.meta.stop_on_success,
+        react=cfg.meta.agent == "react",
+        max_tokens=cfg.policy.max_tokens,
+        reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
+        prompt=cfg.meta.prompt,
+        constrain_actions=cfg.policy.constrain_actions,
+        answer_lead=cfg.policy.answer_lead,
+        layout=cfg.meta.layout,
+    )
