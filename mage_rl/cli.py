@@ -42,9 +42,7 @@ _COMMANDS: dict[str, Command] = {}
 
 def _cmd_opponents(args: argparse.Namespace) -> int:
     from mage_rl.envs import POPULATION_PRESETS, available_opponents
-    from mage_rl.eval.llm_opponent import register_llm_opponents
 
-    register_llm_opponents()
     heading("Opponents (spec strings for configs):")
     for usage in available_opponents(args.game):
         console.print(f"  {usage}")

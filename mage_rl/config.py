@@ -33,6 +33,7 @@ from mage_rl.config_yaml import (
 from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.policy.models import model_spec_problem
 from mage_rl.rl.advantages import AdvantageConfig
+from mage_rl.rl.league import LeagueSection
 from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
 
@@ -420,10 +421,8 @@ class TrainSection(_Strict):
     recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
         "auto",
         description="PPO's old log-probs: 'never' uses the sampler's recorded ones (exact "
-        "only when the engine samples in fp32); 'always' recomputes them with the learner's "
-        "own forward pass (one extra pass, as OpenRLHF and verl do); 'auto' recomputes "
-        "unless both the engine and the learner compute in fp32 (bf16 sampling differs by up to ~0.4 nats "
-        "per token from a fresh pass, enough to trigger PPO clipping on-policy).",
+        "only in fp32); 'always' rescores them with the learner; 'auto' rescores unless "
+        "engine and learner both compute in fp32 (bf16 sampling is off by up to ~0.4 nats).",
     )
 
 
@@ -436,6 +435,7 @@ class TrainConfig(RunConfig):
     eval: EvalSection = Field(default_factory=EvalSection)
     train: TrainSection = Field(default_factory=TrainSection)
     openrlhf: OpenRLHFSection = Field(default_factory=OpenRLHFSection)
+    league: LeagueSection = Field(default_factory=LeagueSection)
 
     @model_validator(mode="before")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any
 from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
-from mage_rl.eval.llm_opponent import register_llm_opponents
+from mage_rl.eval.llm_opponent import install as install_llm_opponents
 from mage_rl.graphs import MetaEpisodeGraph, agent_graph
 from mage_rl.nodes.conversation import reflect_message, step_message
 from mage_rl.nodes.core import play_prompt
@@ -31,8 +31,8 @@ from mage_rl.policy.vllm_engine import VLLMEngine
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
 
-# GAME:llm:RUN_OR_MODEL opponents for every two-player OpenSpiel game.
-register_llm_opponents()
+# GAME:llm:RUN_OR_MODEL opponents get their model half in every process that plays.
+install_llm_opponents()
 
 
 def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
@@ -43,7 +43,6 @@ def build_graph(cfg: RunConfig) -> MetaEpisodeGraph:
     """
     load_process_plugins()
     load_plugins(cfg.plugins)
-    register_llm_opponents()  # for the games the plugins added too
     return agent_graph(cfg.meta.agent, graph_options(cfg))
 
 

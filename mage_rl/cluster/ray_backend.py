@@ -145,7 +145,7 @@ class RayTrainer(Trainer):
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
         """The local trainer's task draw, played by the workers (round-robin by task)."""
         ray = self._ray
-        tasks, group_size = runtime.training_tasks(self.cfg, iteration)
+        tasks, group_size = runtime.training_tasks(self.batch_config(), iteration)
         n = len(self.workers)
         shares = [tasks[i::n] for i in range(n)]
         pending = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mage_rl.envs.llm_opponent import register_llm_opponent
 from mage_rl.envs.names import (
     ENVS,
     EnvFactory,
@@ -120,7 +121,10 @@ def register_env(
     # The OpenSpiel name is an alias too, when it is a plain name (not "game(params)").
     if game and game != name and game not in aliases and game.isidentifier():
         aliases = (*aliases, game)
-    return ENVS.register(name, spec, aliases=aliases, replace=replace)
+    registered = ENVS.register(name, spec, aliases=aliases, replace=replace)
+    if rules is not None and seats == 2:
+        register_llm_opponent(name)  # GAME:llm:RUN_OR_MODEL (mage_rl.envs.llm_opponent)
+    return registered
 
 
 def make_env(

@@ -1,4 +1,5 @@
-"""Language-model opponents: ``GAME:llm:RUN_OR_MODEL[@ITER]``, wherever a scripted one goes.
+"""The model half of ``GAME:llm:RUN_OR_MODEL[@ITER]`` opponents
+(:mod:`mage_rl.envs.llm_opponent` is the light half every two-player game registers).
 
 A frozen model plays the other seat of a two-player OpenSpiel game as it plays its own
 first episode: the prompt its run's agent sees there (built-in ``play`` node, the run's
@@ -25,40 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mage_rl.envs import make_env
+from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.envs.opponents import Opponent, register_opponent_factory
-from mage_rl.envs.registry import ENVS
 from mage_rl.eval.exploitability import ModelReader, _decision, _Placeholder
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.policy.models import load_model
-from mage_rl.rl.run_folder import checkpoint_name
-
-NAME = "llm"
-USAGE = "{game}:llm:RUN_OR_MODEL[@ITER]"
-
-
-def resolve_target(target: str) -> str:
-    """``RUN@N`` -> the model folder of iteration ``N``'s checkpoint; else ``target``.
-
-    Raises:
-        ValueError: ``@N`` is not a number, or that checkpoint does not exist.
-    """
-    if "@" not in target:
-        return target
-    run, _, iteration = target.rpartition("@")
-    if not iteration.isdigit():
-        raise ValueError(f"{target!r}: write RUN@ITERATION with a whole number, say runs/x@10")
-    model = Path(run) / "checkpoints" / checkpoint_name(int(iteration)) / "model"
-    if not model.is_dir():
-        raise ValueError(f"{target!r}: {model} does not exist (is iteration {iteration} saved?)")
-    return str(model)
 
 
 class _Player:
@@ -97,45 +73,6 @@ def _player(target: str, game: str, seat: int) -> _Player:
     return _Player(target, game, seat)
 
 
-class LLMOpponent(Opponent):
-    """A frozen language model in the other seat (see the module notes).
-
-    Nothing is loaded until the first move, so naming it in a population costs nothing.
-    """
-
-    def __init__(self, target: str, game: str) -> None:
-        self.target = target
-        self.game = game
-        self._rng = np.random.default_rng(0)
-
-    def reset(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def action_probabilities(self, state: Any, player: int) -> dict[int, float]:
-        """The exact distribution of :meth:`act`: the model's constrained answer."""
-        return dict(_player(self.target, self.game, player).probabilities(state))
-
-    def act(self, state: Any, player: int) -> int:
-        probs = self.action_probabilities(state, player)
-        actions = sorted(probs)
-        weights = np.array([probs[a] for a in actions])
-        return int(self._rng.choice(actions, p=weights / weights.sum()))
-
-
-def register_llm_opponents() -> None:
-    """Make ``GAME:llm:...`` available for every two-player OpenSpiel game registered so
-    far (:mod:`mage_rl.runtime` calls it on import and after loading plugins)."""
-    for game in ENVS.names():
-        spec = ENVS.get(game)
-        if spec.rules is None or spec.seats != 2:
-            continue
-
-        def factory(args: Any, game: str = game) -> Opponent:
-            if len(args) != 1 or not args[0]:
-                raise ValueError(
-                    f"write the language-model opponent as {USAGE.format(game=game)}, say "
-                    f"{game}:llm:smollm2 or {game}:llm:runs/my_run@10"
-                )
-            return LLMOpponent(args[0], game)
-
-        register_opponent_factory(game, NAME, factory, USAGE.format(game=game))
+def install() -> None:
+    """Give :class:`~mage_rl.envs.llm_opponent.LLMOpponent` its model half."""
+    LLMOpponent.player = _player

@@ -30,10 +30,10 @@ def _fmt(x: float) -> str:
 
 def cmd_oracle(args: argparse.Namespace) -> int:
     from mage_rl.envs import Population, canonical_game
-    from mage_rl.eval.llm_opponent import register_llm_opponents
+    from mage_rl.eval.llm_opponent import install as install_llm_opponents
     from mage_rl.eval.oracles import kuhn_oracle
 
-    register_llm_opponents()  # --population may name GAME:llm:... opponents
+    install_llm_opponents()  # --population may name GAME:llm:... opponents
 
     game = canonical_game(args.game)
     if game == "rock_paper_scissors":

@@ -48,6 +48,7 @@ from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
 from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.league import League
 from mage_rl.rl.learner import Learner
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
 from mage_rl.rl.run_folder import (
@@ -112,6 +113,11 @@ class Trainer:
             check_resume_config(self.run_dir, cfg.model_dump(mode="json"), checkpoint)
         check_tasks(cfg)
         self.start_iteration = self.build_backend(checkpoint)
+        self.league = (
+            League(self.run_dir, cfg.env.name, cfg.league, self.start_iteration)
+            if cfg.league.every
+            else None
+        )
         self.graph = runtime.build_graph(cfg)
         self.train_llm = runtime.rollout_chat_model(cfg, self.policy)
         self.eval_llm = runtime.eval_chat_model(cfg, self.policy)
@@ -164,9 +170,19 @@ class Trainer:
     # -- one iteration -------------------------------------------------------------------
 
     def rollout(self, iteration: int, on_done: Any = None) -> list[MetaEpisodeRecord]:
-        tasks, group_size = runtime.training_tasks(self.cfg, iteration)
+        tasks, group_size = runtime.training_tasks(self.batch_config(), iteration)
         return runtime.run_rollouts(
             self.cfg, self.graph, self.train_llm, tasks, group_size, on_done
+        )
+
+    def batch_config(self) -> TrainConfig:
+        """The config training batches draw their opponents from: with a league, its
+        members join the population (:mod:`mage_rl.rl.league`)."""
+        if self.league is None or not self.league.members:
+            return self.cfg
+        text = self.league.population(runtime.population(self.cfg))
+        return self.cfg.model_copy(
+            update={"env": self.cfg.env.model_copy(update={"population": text})}
         )
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
@@ -301,6 +317,14 @@ class Trainer:
                     if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
                         self.save(self.iteration)
                         last_saved = self.iteration
+                    if self.league is not None:
+                        self.league.record(records)
+                        if self.iteration % cfg.league.every == 0 and self.iteration < total:
+                            if last_saved != self.iteration:
+                                self.save(self.iteration)
+                                last_saved = self.iteration
+                            model = self.run_dir / "checkpoints" / checkpoint_name(self.iteration)
+                            self.league.add(self.iteration, model / "model")
                     info = (
                         f"success {scalars['charts/success@1']:.2f}→"
                         f"{scalars[f'charts/success@{cfg.meta.episodes}']:.2f} "
