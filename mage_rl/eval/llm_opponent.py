@@ -31,7 +31,7 @@ from typing import Any
 from mage_rl.envs import make_env
 from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.exploitability import ModelReader, _decision, _Placeholder
+from mage_rl.eval.exploitability import ModelReader, PlaceholderOpponent, decision_at
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.policy.models import load_model
@@ -43,7 +43,7 @@ class _Player:
     def __init__(self, target: str, game: str, seat: int) -> None:
         cfg = played_config(resolve_target(target), game, None, [])
         options = dataclasses.replace(graph_options(cfg), constrain_actions=True)
-        env = make_env(game, _Placeholder(), seat=seat, max_turns=cfg.env.max_turns)
+        env = make_env(game, PlaceholderOpponent(), seat=seat, max_turns=cfg.env.max_turns)
         assert isinstance(env, OpenSpielEnv)
         env.reset(0)
         self.env = env
@@ -55,7 +55,7 @@ class _Player:
     def probabilities(self, state: Any) -> dict[int, float]:
         key = state.information_state_string(self.env.seat)
         if key not in self.table:
-            decision = _decision(self.env, self.ctx, state)
+            decision = decision_at(self.env, self.ctx, state)
             probs = self.reader([decision])[0]
             total = float(sum(probs))
             self.table[key] = {a: p / total for a, p in zip(decision.actions, probs, strict=True)}
