@@ -1,9 +1,10 @@
 """A league: snapshots of the policy join the opponents it trains against (``league:``).
 
-Every ``league.every`` iterations the checkpoint just saved is copied to
-``RUN/league/iter_NNNNNN/`` and joins the league as the opponent
-``GAME:llm:RUN/league/iter_NNNNNN`` (a frozen language-model opponent,
-:mod:`mage_rl.eval.llm_opponent`). Each training batch then draws its opponents from the
+Every ``league.every`` iterations the model of the checkpoint just saved is copied to
+``RUN/league/checkpoints/iter_NNNNNN/model`` (beside a copy of the run's ``config.yaml``,
+so the folder reads as a run) and joins the league as the opponent
+``GAME:llm:RUN/league/checkpoints/iter_NNNNNN/model``: a frozen language-model opponent
+(:mod:`mage_rl.eval.llm_opponent`) that plays as the run's agent plays its first episode. Each training batch then draws its opponents from the
 config's population with weight ``1 - league.share`` and from the league with weight
 ``league.share``, split among the members:
 
@@ -119,9 +120,17 @@ class League:
                 member.win_rate = sum(ends) / len(ends)
 
     def add(self, iteration: int, model_dir: Path) -> Member:
-        """Copy ``model_dir`` into the league as the snapshot of ``iteration``."""
-        target = self.run_dir / "league" / f"iter_{iteration:06d}"
-        with writing(target):
+        """Copy ``model_dir`` into the league as the snapshot of ``iteration``.
+
+        The league folder is laid out as a run (``league/config.yaml``, the run's own, and
+        ``league/checkpoints/iter_N/model``), so a member plays with the run's prompts,
+        layout and decoding (:func:`~mage_rl.eval.play.trained_config`).
+        """
+        root = self.run_dir / "league"
+        target = root / "checkpoints" / f"iter_{iteration:06d}" / "model"
+        with writing(root):
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.run_dir / "config.yaml", root / "config.yaml")
             if target.exists():
                 shutil.rmtree(target)
             shutil.copytree(model_dir, target)
@@ -129,7 +138,7 @@ class League:
         self.members.append(member)
         while len(self.members) > self.settings.size:
             gone = self.members.pop(0)
-            shutil.rmtree(gone.path, ignore_errors=True)
+            shutil.rmtree(Path(gone.path).parent, ignore_errors=True)  # checkpoints/iter_N
         self.save()
         return member
 

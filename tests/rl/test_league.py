@@ -41,14 +41,20 @@ def test_a_league_run_adds_samples_and_restores_its_snapshots(tmp_path: Path) ->
     run = tmp_path / "run"
     args = ["train", str(CONFIG), "--run-dir", str(run), "--no-progress",
             "--set", "rollout.tasks=2", "--set", "rollout.group_size=2", "--set", "eval.tasks=0",
-            "--set", "league.every=1", "--set", "league.size=2", "--set", "league.share=0.5"]  # fmt: skip
+            "--set", "league.every=1", "--set", "league.size=2", "--set", "league.share=0.5",
+            "--set", "meta.prompt=compact"]  # fmt: skip
     assert main([*args, "--set", "train.iterations=4"]) == 0
     saved = json.loads((run / "league.json").read_text())["members"]
     # Snapshots after iterations 1, 2 and 3 (none after the last); the size bound of 2
     # evicted the first, folder and all.
     assert [m["iteration"] for m in saved] == [2, 3]
-    assert not (run / "league" / "iter_000001").exists()
+    assert not (run / "league" / "checkpoints" / "iter_000001").exists()
     assert all((Path(m["path"]) / "config.json").is_file() for m in saved)
+    # A member plays in the run's own format, read from the league's copy of its config.
+    from mage_rl.eval.played_config import played_config
+
+    member = played_config(saved[0]["path"], None, None, [])
+    assert member.meta.prompt == "compact" and member.policy.model == saved[0]["path"]
     assert all(m["win_rate"] is not None for m in saved[:1])  # played in the batch after
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     played = [{k.split("/")[2] for k in row if k.startswith("charts/opponent/llm")} for row in rows]
