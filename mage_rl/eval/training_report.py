@@ -30,6 +30,8 @@ from mage_rl.eval.decisions import (
 )
 from mage_rl.eval.game_oracles import exploitation_values
 from mage_rl.eval.oracles import kuhn_oracle
+from mage_rl.eval.play import run_config
+from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
@@ -409,6 +411,13 @@ def write_training_report(
                 f"- {seat} seat: best fixed {v['best_fixed']:+.4f}, ceiling {v['ceiling']:+.4f}"
                 f"{bayes}"
             )
+    base = run_config(run_dir)["policy"]["model"]
+    trained = run_dir / "checkpoints" / final / "model"
+    exploit = first_episode_exploitability(
+        cfg, {UNTRAINED: base, f"trained ({final})": str(trained)}
+    )
+    if exploit:
+        lines += exploitability_lines(exploit)
     verdict = _verdict(rows, oracle, k)
     if verdict:
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
@@ -428,6 +437,7 @@ def write_training_report(
         "oracle": oracle,
         "verdict": verdict,
         "verdicts": found,
+        "exploitability": exploit,
         **decision_counts,
     }
     write_results(run_dir / "report.json", doc, started=started)
