@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mage_rl.envs.opponents import Opponent, register_opponent_factory
+from mage_rl.rl.run_folder import checkpoint_name
 
 NAME = "llm"
 USAGE = "{game}:llm:RUN_OR_MODEL[@ITER]"
@@ -34,7 +35,7 @@ def resolve_target(target: str) -> str:
     run, _, iteration = target.rpartition("@")
     if not iteration.isdigit():
         raise ValueError(f"{target!r}: write RUN@ITERATION with a whole number, say runs/x@10")
-    model = Path(run) / "checkpoints" / f"iter_{int(iteration):06d}" / "model"
+    model = Path(run) / "checkpoints" / checkpoint_name(int(iteration)) / "model"
     if not model.is_dir():
         raise ValueError(f"{target!r}: {model} does not exist (is iteration {iteration} saved?)")
     return str(model)

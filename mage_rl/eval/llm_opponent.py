@@ -31,7 +31,12 @@ from typing import Any
 from mage_rl.envs import make_env
 from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.exploitability import ModelReader, PlaceholderOpponent, decision_at
+from mage_rl.eval.exploitability import (
+    ModelReader,
+    PlaceholderOpponent,
+    decision_at,
+    read_policy,
+)
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.policy.models import load_model
@@ -56,9 +61,7 @@ class _Player:
         key = state.information_state_string(self.env.seat)
         if key not in self.table:
             decision = decision_at(self.env, self.ctx, state)
-            probs = self.reader([decision])[0]
-            total = float(sum(probs))
-            self.table[key] = {a: p / total for a, p in zip(decision.actions, probs, strict=True)}
+            self.table[key] = dict(read_policy([decision], self.reader)[decision.key])
         return self.table[key]
 
 

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mage_rl.fileio import atomic_write_json, writing
+from mage_rl.rl.run_folder import checkpoint_name
 
 LEAGUE_FILE = "league.json"
 FLOOR = 0.05
@@ -127,7 +128,7 @@ class League:
         layout and decoding (:func:`~mage_rl.eval.play.trained_config`).
         """
         root = self.run_dir / "league"
-        target = root / "checkpoints" / f"iter_{iteration:06d}" / "model"
+        target = root / "checkpoints" / checkpoint_name(iteration) / "model"
         with writing(root):
             root.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.run_dir / "config.yaml", root / "config.yaml")
