@@ -17,11 +17,15 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-TurnKind = Literal["play", "reflect", "call"]
+TurnKind = Literal["play", "reflect", "call", "opponent"]
 TURN_KINDS: tuple[str, ...] = ("play", "reflect", "call")
-"""``play``: the acting call of a step (its response is what the environment consumes).
-``reflect``: a call between two episodes (a reflection). ``call``: any other, non-acting
-call made during an episode's step (a plan, a critique, a tool call); SPEC §4."""
+"""The kinds of the agent's own calls (``MetaEpisodeRecord.turns``). ``play``: the acting
+call of a step (its response is what the environment consumes). ``reflect``: a call
+between two episodes (a reflection). ``call``: any other, non-acting call made during an
+episode's step (a plan, a critique, a tool call); SPEC §4."""
+
+OPPONENT_KIND = "opponent"
+"""The kind of a language-model opponent's call (``MetaEpisodeRecord.opponent_calls``)."""
 
 REFLECTION_ANCHOR = "reflection"
 """Anchor text of every reflect turn (SPEC §5: ``"reflection"`` plus the opponent id)."""
@@ -193,6 +197,11 @@ class MetaEpisodeRecord:
             ``{"ids": [...], "segments": [[start, end, turn_index], ...]}`` (see
             :class:`~mage_rl.rl.conversation.ConversationTrace`): the learner trains it as
             one sequence. ``None`` in the re-rendered layout.
+        opponent_calls: The calls of a language-model opponent (``GAME:llm:...``,
+            ``GAME:self``), kind ``"opponent"``, in time order: its prompt, answer,
+            log-probs, the information state as ``anchor``, and on the last call of a
+            hand that hand's reward for the opponent's seat. Trained only when the
+            opponent is the current policy (``trained``; :mod:`mage_rl.rl.selfplay`).
     """
 
     uid: str
@@ -206,6 +215,7 @@ class MetaEpisodeRecord:
     reflections: list[str] = field(default_factory=list)
     agent: str = "mage"
     conversation: dict[str, Any] | None = None
+    opponent_calls: list[Turn] = field(default_factory=list)
 
     @property
     def episode_rewards(self) -> list[float]:
@@ -216,6 +226,7 @@ class MetaEpisodeRecord:
         data = plain_fields(self)
         data["episodes"] = [plain_fields(e) for e in self.episodes]
         data["turns"] = [plain_fields(t) for t in self.turns]
+        data["opponent_calls"] = [plain_fields(t) for t in self.opponent_calls]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -223,6 +234,7 @@ class MetaEpisodeRecord:
         data = dict(data)
         data["episodes"] = [EpisodeResult(**e) for e in data.get("episodes", [])]
         data["turns"] = [Turn.from_dict(t) for t in data.get("turns", [])]
+        data["opponent_calls"] = [Turn.from_dict(t) for t in data.get("opponent_calls", [])]
         return cls(**data)
 
     @classmethod

@@ -13,6 +13,8 @@ from typing import Any
 from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
+from mage_rl.envs.llm_opponent import is_self, without_self
+from mage_rl.eval.exploitability import PlaceholderOpponent
 from mage_rl.eval.llm_opponent import install as install_llm_opponents
 from mage_rl.graphs import MetaEpisodeGraph, agent_graph
 from mage_rl.nodes.conversation import reflect_message, step_message
@@ -116,14 +118,37 @@ def population(cfg: RunConfig) -> Population:
     return Population.parse(cfg.env.population, game=cfg.env.name)
 
 
+def eval_population(cfg: RunConfig) -> Population:
+    """The population evaluations and oracles use: the config's without ``GAME:self``
+    (the policy itself, which no fixed value describes).
+
+    Raises:
+        ValueError: The population is ``GAME:self`` alone.
+    """
+    kept = without_self(population(cfg))
+    if kept is None:
+        raise ValueError(
+            f"env.population={cfg.env.population!r} is self-play alone, which leaves nothing "
+            "to evaluate against: give fixed opponents a share beside it (`mage opponents "
+            f"{cfg.env.name}` lists them), say 'self=0.5,OPPONENT=0.5'"
+        )
+    return kept
+
+
 def tasks_for(
-    cfg: RunConfig, n: int, base_seed: int, iteration: int = 0, balanced: bool = False
+    cfg: RunConfig,
+    n: int,
+    base_seed: int,
+    iteration: int = 0,
+    balanced: bool = False,
+    pop: Population | None = None,
 ) -> list[TaskInstance]:
-    """``n`` task instances drawn from the config's population and seat setting
-    (``balanced``: opponents by systematic sampling, see :func:`sample_tasks`)."""
+    """``n`` task instances drawn from ``pop`` (default: the config's population) and
+    the config's seat setting (``balanced``: opponents by systematic sampling, see
+    :func:`sample_tasks`)."""
     return sample_tasks(
-        population(cfg), n, base_seed=base_seed, iteration=iteration, seat=cfg.env.seat,
-        balanced=balanced,
+        pop or population(cfg), n, base_seed=base_seed, iteration=iteration,
+        seat=cfg.env.seat, balanced=balanced,
     )  # fmt: skip
 
 
@@ -189,7 +214,9 @@ def check_conversation_budget(cfg: RunConfig, tokenizer: Any, context_window: in
         return 0
 
     options = graph_options(cfg)
-    opponent = population(cfg).specs[0]
+    # Any opponent gives the prompt pieces; the policy itself (self) is not playing yet.
+    opponent: Any = next((s for s in population(cfg).specs if not is_self(s)), None)
+    opponent = opponent or PlaceholderOpponent()
     env = make_env(cfg.env.name, opponent, seat=resolve_seat(cfg.env.seat, 0),
                    max_turns=cfg.env.max_turns)  # fmt: skip
     obs = env.reset(0)

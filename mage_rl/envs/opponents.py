@@ -51,6 +51,9 @@ class Opponent(ABC):
     def act(self, state: Any, player: int) -> int:
         """Choose a legal action id for ``player`` in the OpenSpiel ``state``."""
 
+    def hand_over(self, reward: float) -> None:  # noqa: B027 - most opponents keep nothing
+        """The episode ended in a result; ``reward`` is the opponent seat's reward."""
+
 
 class CallableOpponent(Opponent):
     """Wraps a user function ``fn(state, player[, rng])`` as an opponent."""

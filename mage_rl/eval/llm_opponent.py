@@ -1,21 +1,26 @@
-"""The model half of ``GAME:llm:RUN_OR_MODEL[@ITER]`` opponents
-(:mod:`mage_rl.envs.llm_opponent` is the light half every two-player game registers).
+"""The model half of the language-model opponents ``GAME:llm:RUN_OR_MODEL[@ITER]`` and
+``GAME:self`` (:mod:`mage_rl.envs.llm_opponent` is the light half every two-player game
+registers).
 
-A frozen model plays the other seat of a two-player OpenSpiel game as it plays its own
-first episode: the prompt its run's agent sees there (built-in ``play`` node, the run's
-prompt template and layout; a bare model gets ``mage eval``'s defaults), constrained
-decoding over the legal answers, the run's sampling temperature. Under constrained
-decoding that agent plays an exact distribution at each information state, which
+A model plays the other seat of a two-player OpenSpiel game as it plays its own first
+episode: the prompt its run's agent sees there (built-in ``play`` node, the run's prompt
+template and layout; a bare model gets ``mage eval``'s defaults), constrained decoding
+over the legal answers, the run's sampling temperature. Under constrained decoding that
+agent plays an exact distribution at each information state, which
 :class:`~mage_rl.eval.exploitability.ModelReader` reads in one scoring pass (the engine's
-own restricted softmax); the opponent draws its move from it with its own seeded
-generator. So a move costs no generation, a frozen opponent's table is read once per
-information state and shared by every game of the process, and the oracles
-(``mage oracle``, ``mage exploitability``, the training report) get its exact
+own restricted softmax); the opponent draws its answer from it token by token with its
+own seeded generator, as the engine would, and keeps the call (prompt ids, answer ids,
+log-probs, allowed tokens). So a move costs no generation, a frozen opponent's table is
+read once per information state and shared by every game of the process, and the
+oracles (``mage oracle``, ``mage exploitability``, the training report) get its exact
 ``action_probabilities``.
 
+``GAME:self`` is the same player on the engine's own model (:class:`SelfPlay`, installed
+by the trainer), drawing from the run's exploration mixture; what it read is forgotten
+whenever the weights change.
+
 What it is not (yet): an opponent that remembers earlier episodes of the meta-episode
-(every hand is its first), one whose calls appear in the records as LLM calls (its moves
-do, as the game's events), or the current policy (self-play).
+(every hand is its first).
 
 ``RUN_OR_MODEL`` is a training run (its newest checkpoint, or ``RUN@N`` for iteration
 ``N``), a checkpoint folder, or any model ``load_model`` knows (``tiny``, ``smollm2``, an
@@ -25,44 +30,106 @@ HF folder). The spec may hold no ``:``, ``,`` or ``=`` (population syntax).
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
+from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env
-from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
+from mage_rl.envs.llm_opponent import LLMOpponent, SelfOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
 from mage_rl.eval.exploitability import (
     ModelReader,
     PlaceholderOpponent,
+    ReadDecision,
     decision_at,
     read_policy,
 )
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
+from mage_rl.policy.constrained import allowed_next, is_complete
 from mage_rl.policy.models import load_model
+from mage_rl.records import OPPONENT_KIND, Turn
 
 
-class _Player:
-    """One frozen model at one seat of one game: its prompts and its exact strategy."""
+class SeatPlayer:
+    """One model at one seat of one game, playing as ``cfg``'s agent plays episode 1.
 
-    def __init__(self, target: str, game: str, seat: int) -> None:
-        cfg = played_config(resolve_target(target), game, None, [])
+    Args:
+        cfg: The config whose play settings it uses (prompt, layout, answer lead,
+            temperature); constrained decoding is always on.
+        game: The environment name.
+        seat: The seat it plays.
+        model: The causal LM (the engine's own for ``self``), with ``tokenizer``.
+        explore: The uniform share of the exploration mixture its answers are drawn from
+            (``policy.explore`` for ``self``; 0 for a frozen opponent).
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, game: str, seat: int, model: Any, tokenizer: Any,
+        explore: float = 0.0,
+    ) -> None:  # fmt: skip
         options = dataclasses.replace(graph_options(cfg), constrain_actions=True)
         env = make_env(game, PlaceholderOpponent(), seat=seat, max_turns=cfg.env.max_turns)
         assert isinstance(env, OpenSpielEnv)
         env.reset(0)
         self.env = env
         self.ctx = MetaEpisodeContext(env=env, llm=None, options=options)  # type: ignore[arg-type]
-        model, tokenizer = _load(cfg.policy.model, cfg.policy.dtype)
         self.reader = ModelReader(model, tokenizer, cfg.policy.temperature)
-        self.table: dict[str, dict[int, float]] = {}
+        self.explore = explore
+        self.reads: dict[str, ReadDecision] = {}
+
+    def read(self, state: Any) -> ReadDecision:
+        """The decision at ``state`` as this seat sees it, read once per information state."""
+        key = state.information_state_string(self.env.seat)
+        if key not in self.reads:
+            self.reads[key] = self.reader.read([decision_at(self.env, self.ctx, state)])[0]
+        return self.reads[key]
 
     def probabilities(self, state: Any) -> dict[int, float]:
-        key = state.information_state_string(self.env.seat)
-        if key not in self.table:
-            decision = decision_at(self.env, self.ctx, state)
-            self.table[key] = dict(read_policy([decision], self.reader)[decision.key])
-        return self.table[key]
+        """The model's exact distribution over the legal actions at ``state``."""
+        read = self.read(state)
+        table = read_policy([read.decision], lambda _: [read.probabilities])
+        return dict(table[read.decision.key])
+
+    def play(self, state: Any, rng: np.random.Generator) -> tuple[int, Turn]:
+        """Draw an answer token by token, as the engine samples a constrained request
+        (from ``(1 - explore) * p + explore * uniform`` where several tokens are
+        allowed), and return its action with the call (kind ``"opponent"``)."""
+        read = self.read(state)
+        response: list[int] = []
+        logprobs: list[float] = []
+        allowed_ids: list[list[int]] = []
+        while not is_complete(read.answers, response):
+            allowed = allowed_next(read.answers, response)
+            token, logprob = allowed[0], 0.0
+            if len(allowed) > 1:
+                branch = read.branches[tuple(response)]
+                p = np.array([math.exp(branch[t]) for t in allowed])
+                q = (1 - self.explore) * p / p.sum() + self.explore / len(allowed)
+                k = int(rng.choice(len(allowed), p=q / q.sum()))
+                token, logprob = allowed[k], math.log(q[k])
+            response.append(token)
+            logprobs.append(logprob)
+            allowed_ids.append(allowed)
+        index = read.answers.index(response)
+        decision = read.decision
+        messages = [dict(m) for m in decision.messages]
+        for reply, message in decision.turns:
+            messages += [{"role": "assistant", "content": reply}, dict(message)]
+        call = Turn(
+            kind=OPPONENT_KIND, episode=0, step=0, prompt_ids=list(read.prompt_ids),
+            response_ids=response, logprobs=logprobs, text=decision.choices[index],
+            anchor=decision.key, response_length=len(response), prompt_text=messages,
+            allowed=allowed_ids, node=OPPONENT_KIND,
+        )  # fmt: skip
+        return decision.actions[index], call
+
+    def forget(self) -> None:
+        """Drop what was read (the weights changed)."""
+        self.reads.clear()
 
 
 @lru_cache(maxsize=4)
@@ -72,10 +139,47 @@ def _load(model: str, dtype: str) -> tuple[Any, Any]:
 
 
 @lru_cache(maxsize=16)
-def _player(target: str, game: str, seat: int) -> _Player:
-    return _Player(target, game, seat)
+def _player(target: str, game: str, seat: int) -> SeatPlayer:
+    cfg = played_config(resolve_target(target), game, None, [])
+    model, tokenizer = _load(cfg.policy.model, cfg.policy.dtype)
+    return SeatPlayer(cfg, game, seat, model, tokenizer)
 
 
 def install() -> None:
     """Give :class:`~mage_rl.envs.llm_opponent.LLMOpponent` its model half."""
     LLMOpponent.player = _player
+
+
+class SelfPlay:
+    """The current policy as ``GAME:self``: one :class:`SeatPlayer` per (game, seat) on the
+    engine's model, forgotten whenever the weights change.
+
+    Args:
+        cfg: The run's config (its play settings and ``policy.explore``).
+        model: The engine's model (the weights the agent samples from).
+        tokenizer: Its tokenizer.
+    """
+
+    def __init__(self, cfg: TrainConfig, model: Any, tokenizer: Any) -> None:
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.players: dict[tuple[str, int], SeatPlayer] = {}
+
+    def __call__(self, game: str, seat: int) -> SeatPlayer:
+        if (game, seat) not in self.players:
+            self.players[(game, seat)] = SeatPlayer(
+                self.cfg, game, seat, self.model, self.tokenizer, self.cfg.policy.explore
+            )
+        return self.players[(game, seat)]
+
+    def forget(self) -> None:
+        for player in self.players.values():
+            player.forget()
+
+    def install(self) -> None:
+        """Make this the policy every ``GAME:self`` opponent of the process plays."""
+        SelfOpponent.player = self
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install` (the run is over)."""
+        if SelfOpponent.player is self:
+            SelfOpponent.player = None

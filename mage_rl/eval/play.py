@@ -23,7 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mage_rl.envs import env_spec
+from mage_rl.envs import Population, env_spec
+from mage_rl.envs.llm_opponent import without_self
 from mage_rl.envs.names import canonical_game
 from mage_rl.rl.run_folder import CONFIG_FILE, find_run
 
@@ -161,6 +162,8 @@ def resolve_conditions(settings: Any, agents: list[AgentSpec]) -> dict[str, Any]
             out[name] = copy.deepcopy(CONDITION_DEFAULTS[name])
         else:
             value = next(iter(values.values()))
+            if name == "opponents":  # a self-play run is evaluated against the rest
+                value = _without_self(value, next(iter(configs.values())))
             out[name] = [value] if name == "envs" else value
     return out
 
@@ -186,6 +189,18 @@ def resolve_play(agent: AgentSpec, settings: Any) -> AgentSpec:
         play["context"] = GRAPH_CONTEXT[play["agent"]]
         overridden.pop("context", None)
     return replace(agent, play=play, overridden=overridden)
+
+
+def _without_self(population: str, config: dict[str, Any]) -> str:
+    """A run's ``env.population`` without ``GAME:self``."""
+    parsed = Population.parse(population, game=get_path(config, "env.name"))
+    kept = without_self(parsed)
+    if kept is None:
+        raise ValueError(
+            f"the run trained against itself alone (env.population={population!r}); say which "
+            "opponents to evaluate against with --opponents"
+        )
+    return population if kept is parsed else population_text(kept.specs, list(kept.weights))
 
 
 def population_text(specs: list[str], weights: list[float]) -> str:

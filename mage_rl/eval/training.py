@@ -42,7 +42,7 @@ def strata_count(cfg: Any) -> int:
     """How many strata a stratified evaluation of ``cfg`` has (opponent x seat x deal)."""
     from mage_rl import runtime
 
-    population = runtime.population(cfg)
+    population = runtime.eval_population(cfg)
     env = make_env(cfg.env.name, population.specs[0], seat=0)
     seats = 2 if cfg.env.seat == "sampled" else 1
     return len(population.specs) * seats * len(_all_first_deals(env.game, 0))
@@ -62,11 +62,14 @@ def eval_tasks(
 
     count = cfg.eval.tasks if count is None else count
     if not cfg.eval.stratify:
-        return runtime.tasks_for(cfg, cfg.eval.tasks, cfg.eval.seed)[:count], None
+        tasks = runtime.tasks_for(
+            cfg, cfg.eval.tasks, cfg.eval.seed, pop=runtime.eval_population(cfg)
+        )
+        return tasks[:count], None
     per_stratum = max(2, math.ceil(count / strata_count(cfg)))
     design = stratified_tasks(
         cfg.env.name,
-        runtime.population(cfg),
+        runtime.eval_population(cfg),
         cfg.env.seat,
         per_stratum=per_stratum,
         num_episodes=cfg.meta.episodes,

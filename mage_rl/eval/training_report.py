@@ -69,7 +69,7 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
         return None
     from mage_rl import runtime
 
-    population = runtime.population(cfg)
+    population = runtime.eval_population(cfg)
     if cfg.env.name == "rock_paper_scissors":
         try:
             weights = dict(zip(population.specs, population.weights, strict=True))

@@ -76,8 +76,10 @@ def record_from_state(
     rollout: int,
     env_name: str,
     agent: str,
+    opponent_calls: Sequence[Turn] = (),
 ) -> MetaEpisodeRecord:
-    """Turn a finished graph state into a :class:`MetaEpisodeRecord`."""
+    """Turn a finished graph state into a :class:`MetaEpisodeRecord`; ``opponent_calls``
+    are a language-model opponent's calls (:mod:`mage_rl.envs.llm_opponent`)."""
     return MetaEpisodeRecord(
         uid=group_id(env_name, task.seed, task.opponent, task.seat),
         rollout=rollout,
@@ -90,6 +92,7 @@ def record_from_state(
         reflections=list(state.get("memory", [])),
         agent=agent,
         conversation=state.get("conversation_trace"),
+        opponent_calls=list(opponent_calls),
     )
 
 
@@ -151,8 +154,9 @@ async def collect_rollouts(
                 env, chat(task, rollout), task_seed=task.seed, opponent=task.opponent
             )
         record = record_from_state(
-            state, task=task, rollout=rollout, env_name=env_name, agent=agent or graph.name
-        )
+            state, task=task, rollout=rollout, env_name=env_name, agent=agent or graph.name,
+            opponent_calls=getattr(getattr(env, "opponent", None), "calls", ()),
+        )  # fmt: skip
         if on_done:
             on_done(record)
         return record

@@ -40,6 +40,7 @@ import torch
 from mage_rl import runtime
 from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env, resolve_seat
+from mage_rl.eval.llm_opponent import SelfPlay
 from mage_rl.eval.metrics import summarize_records
 from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval, write_eval
 from mage_rl.eval.training_report import write_training_report
@@ -62,6 +63,7 @@ from mage_rl.rl.run_folder import (
     write_run_config,
 )
 from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
+from mage_rl.rl.selfplay import plays_self, seat_records
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +114,16 @@ class Trainer:
         if checkpoint is not None:
             check_resume_config(self.run_dir, cfg.model_dump(mode="json"), checkpoint)
         check_tasks(cfg)
+        self.self_play: SelfPlay | None = None
         self.start_iteration = self.build_backend(checkpoint)
+        if plays_self(cfg):
+            if self.self_play is None:
+                raise ValueError(
+                    f"{type(self).__name__} cannot play {cfg.env.name}:self: self-play reads "
+                    "the current policy from the engine's model, which only the local backend "
+                    "holds in this process (train with --backend local)"
+                )
+            self.self_play.install()
         self.league = (
             League(self.run_dir, cfg.env.name, cfg.league, self.start_iteration)
             if cfg.league.every
@@ -123,6 +134,7 @@ class Trainer:
         self.eval_llm = runtime.eval_chat_model(cfg, self.policy)
         self.iteration = self.start_iteration
         self._eval_design: tuple[list[Any], Any] | None = None
+        self.trained: list[MetaEpisodeRecord] = []
         self.credit: list[list[CallCredit]] = []
         with writing(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +156,7 @@ class Trainer:
         self.learner = Learner(model, cfg.learner)
         engine_model, _ = load_model(cfg.policy.model, dtype=cfg.policy.dtype)
         self.engine = self.policy = runtime.build_engine(cfg.policy, engine_model, self.tokenizer)
+        self.self_play = SelfPlay(cfg, engine_model, self.tokenizer)
         # The recorded log-probs are exact old log-probs only when sampler and learner
         # compute in the same precision, i.e. both in fp32 (see docs/policy.md).
         mode = cfg.train.recompute_old_logprobs
@@ -186,12 +199,19 @@ class Trainer:
         )
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
+        # With self-play the opponent's calls are samples of their own seat's records.
+        trained = list(records) + seat_records(records)
         # Kept for the iteration's metrics and samples file: the credit of every call.
-        self.credit = credit_parts(records, self.cfg.returns, self.cfg.advantages)
+        self.trained, self.credit = (
+            trained,
+            credit_parts(trained, self.cfg.returns, self.cfg.advantages),
+        )
         advantages = [[c.advantage for c in calls] for calls in self.credit]
-        samples = samples_from_records(records, advantages)
+        samples = samples_from_records(trained, advantages)
         stats = self.learner.update(samples, refresh_old=self.refresh_old)
         self.engine.update_weights(self.learner.state_dict_for_inference())
+        if self.self_play is not None:
+            self.self_play.forget()
         return stats
 
     @property
@@ -240,9 +260,10 @@ class Trainer:
             retire_checkpoints(path.parent, iteration, self.cfg.train.keep_checkpoints)
         return path
 
-    def save_samples(self, iteration: int, records: list[MetaEpisodeRecord]) -> Path:
-        """Write ``samples/iter_NNNNNN.jsonl.gz``: the batch's calls with the credit of
-        the last :meth:`learn` (:mod:`mage_rl.rl.samples`).
+    def save_samples(self, iteration: int) -> Path:
+        """Write ``samples/iter_NNNNNN.jsonl.gz``: the records of the last :meth:`learn`
+        (the seat records of self-play after the batch's) with their credit
+        (:mod:`mage_rl.rl.samples`).
 
         Raises:
             WriteError: A write failed (the disk is full, ...); the file is not replaced.
@@ -250,7 +271,7 @@ class Trainer:
         path = sample_path(self.run_dir, iteration)
         with writing(path):
             write_samples(
-                self.run_dir, iteration, records, self.credit, self.tokenizer, self._started
+                self.run_dir, iteration, self.trained, self.credit, self.tokenizer, self._started
             )
         return path
 
@@ -307,7 +328,7 @@ class Trainer:
                     self.iteration = iteration + 1
                     scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
                     if samples_due(self.iteration, total, cfg.train.save_samples):
-                        self.save_samples(self.iteration, records)
+                        self.save_samples(self.iteration)
                     if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
                         last_eval = self.evaluate(self.iteration, eval_bar("trained"))
                         scalars.update(flatten_summary(last_eval, "eval"))
@@ -346,6 +367,8 @@ class Trainer:
             raise
         finally:
             self.engine.close()
+            if self.self_play is not None:
+                self.self_play.uninstall()
             try:
                 with writing(self.run_dir / "metrics.jsonl"):
                     self.metrics.close()
@@ -425,5 +448,5 @@ class Trainer:
                 "perf/learner_tokens_per_s": stats.get("tokens_per_s", 0.0),
             }
         )
-        scalars.update(node_metrics(records, self.credit))
+        scalars.update(node_metrics(self.trained, self.credit))
         return scalars

@@ -59,7 +59,6 @@ def test_a_league_run_adds_samples_and_restores_its_snapshots(tmp_path: Path) ->
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     played = [{k.split("/")[2] for k in row if k.startswith("charts/opponent/llm")} for row in rows]
     assert not played[0] and played[1] and played[3]  # the league joins after iteration 1
-    # --resume keeps the league of the checkpoint it resumes from.
     # --resume keeps the league of the checkpoint it resumes from (iteration 4, the last:
     # no snapshot of it), and plays it.
     assert main([*args, "--set", "train.iterations=6", "--resume"]) == 0
