@@ -149,3 +149,15 @@ def test_self_plays_only_inside_training_and_evaluation_leaves_it_out() -> None:
     if SelfOpponent.player is None:  # no trainer of this process has installed itself
         with pytest.raises(RuntimeError, match="inside mage train only"):
             opponent.act(None, 1)
+
+
+def test_mage_eval_of_a_self_play_run_plays_the_rest_of_its_population(trainer) -> None:
+    from types import SimpleNamespace
+
+    from mage_rl.eval.agents import AgentSpec
+    from mage_rl.eval.play import CONDITION_KEYS, resolve_conditions
+
+    settings = SimpleNamespace(**dict.fromkeys(CONDITION_KEYS))
+    agent = AgentSpec("run", "mage", "tiny", run=str(trainer.run_dir))
+    opponents = resolve_conditions(settings, [agent])["opponents"]
+    assert opponents == "kuhn_poker:aggressive=1.0"
