@@ -112,7 +112,8 @@ PROBES = {
 }
 
 MOVES = ("ROCK", "PAPER", "SCISSORS")
-_CARD = re.compile(r"card: ([JQK])")
+CARD_PATTERN = re.compile(r"card: ([JQK])")
+"""The agent's card in a Kuhn Poker observation."""
 
 
 def probe_config(probe: Probe, base: dict[str, Any], seed: int, iterations: int) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def kuhn_card_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for turn in record["turns"]:
             if turn["kind"] != "play":
                 continue
-            card = _CARD.search(turn.get("anchor") or "")
+            card = CARD_PATTERN.search(turn.get("anchor") or "")
             if not card:
                 continue
             spot = "facing a bet" if "No bet to face" not in turn["anchor"] else "no bet to face"

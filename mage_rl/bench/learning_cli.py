@@ -29,13 +29,17 @@ def cmd_learning(args: argparse.Namespace) -> int:
         console.print(f"results: {args.out}/transfer.json")
         return 0
     if args.diagnose:
-        from mage_rl.bench.learning_checks import diagnose_update, format_diagnosis
+        from mage_rl.bench import learning_checks as checks
 
-        doc = diagnose_update(
+        if probes not in (["rps"], ["kuhn_card"], list(PROBES)):
+            raise SystemExit("--diagnose takes one probe: --probes rps (the default) or kuhn_card")
+        cards = probes == ["kuhn_card"]
+        diagnose = checks.diagnose_cards if cards else checks.diagnose_update
+        doc = diagnose(
             args.config, out=args.out, overrides=args.set, seed=int(args.seeds.split(",")[0]),
             started=started,
         )  # fmt: skip
-        print(format_diagnosis(doc))
+        print((checks.format_card_diagnosis if cards else checks.format_diagnosis)(doc))
         console.print(f"results: {args.out}/diagnosis.json")
         return 0
     try:
@@ -108,9 +112,10 @@ def add_learning_parser(benches: Any, add_common: Callable[..., None]) -> None:
     p.add_argument(
         "--diagnose",
         action="store_true",
-        help="instead of the probes: one rock-paper-scissors batch, one update per "
-        "advantage term, and how far each moves the answers everywhere (context-free) "
-        "against toward reading the opponent",
+        help="instead of the probes: one batch of the rps probe (or, with --probes "
+        "kuhn_card, of single Kuhn hands), one update per advantage term, and how far each "
+        "moves the answers everywhere (context-free) against toward reading the opponent "
+        "(the card)",
     )
     p.add_argument(
         "--checkpoint",

@@ -122,3 +122,37 @@ def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path)
     assert "last episode above the first" in format_transfer(doc)
     saved = json.loads((tmp_path / "transfer" / "transfer.json").read_text())
     assert saved["provenance"]["command"] and saved["checkpoint"] == str(checkpoint)
+
+
+@pytest.mark.parametrize("probe", ["rps", "kuhn_card"])
+def test_the_diagnosis_splits_one_update_per_term(tmp_path: Path, probe: str) -> None:
+    from mage_rl.bench.learning_checks import (
+        diagnose_cards,
+        diagnose_update,
+        format_card_diagnosis,
+        format_diagnosis,
+    )
+
+    config = tmp_path / "base.yaml"
+    config.write_text(BASE)
+    diagnose = diagnose_cards if probe == "kuhn_card" else diagnose_update
+    doc = diagnose(config, out=tmp_path / "out", overrides=["learner.lr=1e-3"])
+    saved = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
+    assert saved["provenance"]["commit"] and saved["probe"] == probe
+    assert [r["term"] for r in doc["terms"]] == [
+        "A_E (episode level)", "A_S (step level)", "A = A_E + 1 A_S"
+    ]  # fmt: skip
+    if probe == "rps":
+        assert "| A = A_E + 1 A_S |" in format_diagnosis(doc)
+        return
+    # Single hands in the first seat: the opening decision with every card dealt.
+    assert set(doc["turns"]["no bet to face"]) <= {"J", "Q", "K"}
+    whole = doc["terms"][2]["no bet to face"]
+    # The card-free shift is the mean of the cards' changes, and the update moved them.
+    assert whole["card_free_shift"] == pytest.approx(
+        sum(whole["by_card"].values()) / len(whole["by_card"])
+    )
+    assert any(abs(v) > 1e-6 for v in whole["by_card"].values())
+    for pairs in doc["gradient_cosine"].values():
+        assert all(-1 <= v <= 1 for v in pairs.values())
+    assert "card-free shift" in format_card_diagnosis(doc)
