@@ -135,6 +135,15 @@ def eval_population(cfg: RunConfig) -> Population:
     return kept
 
 
+def eval_population_named(cfg: RunConfig) -> dict[str, Population]:
+    """``{label: eval_population(cfg)}``: labelled ``env.population`` as written, or, when
+    ``GAME:self`` was left out, by its members (``spec=weight,...``)."""
+    pop = eval_population(cfg)
+    if pop.specs == population(cfg).specs:
+        return {cfg.env.population: pop}
+    return {",".join(f"{s}={w:.4g}" for s, w in zip(pop.specs, pop.weights, strict=True)): pop}
+
+
 def tasks_for(
     cfg: RunConfig,
     n: int,

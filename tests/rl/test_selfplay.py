@@ -140,6 +140,8 @@ def test_self_samples_from_the_runs_exploration_mixture(tmp_path) -> None:
 def test_self_plays_only_inside_training_and_evaluation_leaves_it_out() -> None:
     cfg = load_config(None, SETTINGS, TrainConfig)
     assert runtime.eval_population(cfg).specs == ["kuhn_poker:aggressive"]
+    # What the report and mage exploitability value, labelled by what is left.
+    assert list(runtime.eval_population_named(cfg)) == ["kuhn_poker:aggressive=1"]
     alone = load_config(None, [*SETTINGS, "env.population=kuhn_poker:self"], TrainConfig)
     with pytest.raises(ValueError, match="self-play alone"):
         runtime.eval_population(alone)
