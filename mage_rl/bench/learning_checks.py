@@ -202,7 +202,8 @@ def _card_gradient_cosines(model: Any, picks: dict[str, tuple[Any, int]]) -> dic
         z = model(ids).logits[0, -1].float()[list(turn.allowed[j])]
         odds = z[b] - z[1 - b]
         grad = torch.autograd.grad(odds, params)
-        grads[card] = torch.cat([g.reshape(-1) for g in grad])
+        # float64: in float32 a sum over 10^8 products drifts past +-1.
+        grads[card] = torch.cat([g.reshape(-1).double() for g in grad])
     cards = sorted(grads, key="JQK".index)
     return {
         f"{a}-{c}": float(torch.nn.functional.cosine_similarity(grads[a], grads[c], dim=0))
