@@ -146,6 +146,23 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     return {"action": message_text(reply)}
 
 
+def past_episode(
+    index: int, initial_observation: str, moves: list[str], info: Any, env: Any
+) -> dict[str, Any]:
+    """The ``history`` entry of a finished episode (a :class:`PastEpisode` as a dict):
+    what the prompts of the later episodes show of it. ``info`` is the last step's."""
+    return plain_fields(
+        PastEpisode(
+            index=index,
+            initial_observation=initial_observation,
+            moves=moves,
+            feedback=info.feedback,
+            outcome=info.outcome or "unfinished",
+            brief=env.brief_summary,
+        )
+    )
+
+
 async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) -> dict[str, Any]:
     """Apply the pending action to the environment; the step's acting call takes its result."""
     ctx = runtime.context
@@ -182,16 +199,7 @@ async def env_step(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]
         )
         update["episodes"] = [plain_fields(episode)]
         update["history"] = [
-            plain_fields(
-                PastEpisode(
-                    index=k,
-                    initial_observation=state["initial_observation"],
-                    moves=update["moves"],
-                    feedback=info.feedback,
-                    outcome=episode.outcome,
-                    brief=ctx.env.brief_summary,
-                )
-            )
+            past_episode(k, state["initial_observation"], update["moves"], info, ctx.env)
         ]
         last = k + 1 >= ctx.options.num_episodes
         won_and_stop = ctx.options.stop_on_success and episode.outcome == "won"
