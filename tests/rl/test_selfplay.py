@@ -163,3 +163,18 @@ def test_mage_eval_of_a_self_play_run_plays_the_rest_of_its_population(trainer) 
     agent = AgentSpec("run", "mage", "tiny", run=str(trainer.run_dir))
     opponents = resolve_conditions(settings, [agent])["opponents"]
     assert opponents == "kuhn_poker:aggressive=1.0"
+
+
+def test_the_self_play_and_league_configs_load() -> None:
+    from pathlib import Path
+
+    configs = Path(__file__).parents[2] / "configs"
+    selfplay = load_config(configs / "kuhn_selfplay_smollm2.yaml", [], TrainConfig)
+    pop = runtime.population(selfplay)
+    assert dict(zip(pop.specs, pop.weights, strict=True))["kuhn_poker:self"] == 0.5
+    assert (
+        runtime.eval_population(selfplay).specs
+        == runtime.population(load_config(configs / "kuhn_smollm2.yaml", [], TrainConfig)).specs
+    )  # evaluated against kuhn_train, as the Kuhn job
+    league = load_config(configs / "kuhn_league_smollm2.yaml", [], TrainConfig)
+    assert league.league.every == 2 and league.league.weighting == "prioritized"
