@@ -146,7 +146,7 @@ def last_episode_values(
     Args:
         cfg: The run config the records were played with.
         records: Meta-episodes of the run's graph against fixed opponents, K episodes each.
-        reader: Gives ``pi(a | s)`` for decisions (:class:`~mage_rl.eval.exploitability.ModelReader`).
+        reader: Gives ``pi(a | s)`` for decisions (:class:`~mage_rl.eval.model_reader.ModelReader`).
         populations: Named populations to weigh the per-opponent values with; their
             members must be among the records' opponents.
         template: The conversation template (conversation layout), else ``None``.

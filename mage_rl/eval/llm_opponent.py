@@ -7,7 +7,7 @@ episode: the prompt its run's agent sees there (built-in ``play`` node, the run'
 template and layout; a bare model gets ``mage eval``'s defaults), constrained decoding
 over the legal answers, the run's sampling temperature. Under constrained decoding that
 agent plays an exact distribution at each information state, which
-:class:`~mage_rl.eval.exploitability.ModelReader` reads in one scoring pass (the engine's
+:class:`~mage_rl.eval.model_reader.ModelReader` reads in one scoring pass (the engine's
 own restricted softmax); the opponent draws its answer from it token by token with its
 own seeded generator, as the engine would, and keeps the call (prompt ids, answer ids,
 log-probs, allowed tokens). So a move costs no generation, a frozen opponent's table is
@@ -40,13 +40,8 @@ from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env
 from mage_rl.envs.llm_opponent import LLMOpponent, SelfOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.exploitability import (
-    ModelReader,
-    PlaceholderOpponent,
-    ReadDecision,
-    decision_at,
-    read_policy,
-)
+from mage_rl.eval.exploitability import PlaceholderOpponent, decision_at, read_policy
+from mage_rl.eval.model_reader import ModelReader, ReadDecision
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.policy.constrained import allowed_next, is_complete
