@@ -30,18 +30,24 @@ from mage_rl.rl.advantages import compute_advantages
 # -- the diagnosis: which term of the update moves which logit ---------------------------
 
 
+def _branch_logits(model: Any, turn: Any, token_ids: Sequence[int] | None = None) -> Any:
+    """The logits of ``token_ids`` (default: the allowed tokens there) at the turn's first
+    branch position, with the graph the model builds (no ``no_grad`` here)."""
+    import torch
+
+    j = next(i for i, allowed in enumerate(turn.allowed) if len(allowed) > 1)
+    ids = torch.tensor([list(turn.prompt_ids) + list(turn.response_ids[:j])])
+    return model(ids).logits[0, -1].float()[list(token_ids or turn.allowed[j])]
+
+
 def _branch_logprobs(model: Any, turns: Sequence[Any], token_ids: Sequence[int]) -> Any:
     """The restricted log-probs of ``token_ids`` at each turn's first branch position."""
     import torch
 
-    rows = []
     with torch.no_grad():
-        for turn in turns:
-            j = next(i for i, allowed in enumerate(turn.allowed) if len(allowed) > 1)
-            ids = torch.tensor([list(turn.prompt_ids) + list(turn.response_ids[:j])])
-            z = model(ids).logits[0, -1].float()[list(token_ids)]
-            rows.append(torch.log_softmax(z, dim=0))
-    return torch.stack(rows)
+        return torch.stack(
+            [torch.log_softmax(_branch_logits(model, t, token_ids), dim=0) for t in turns]
+        )
 
 
 def _probe_trainer(probe: str, config: str | Path, out: Path, overrides: Sequence[str], seed: int):
@@ -167,25 +173,13 @@ CARD_BEST = {"no bet to face": {"J": -1}, "facing a bet": {"J": -1, "Q": 1, "K":
 
 def _bet_logodds(model: Any, turns: Sequence[Any], bet: Sequence[int]) -> Any:
     """log pi(BET) - log pi(PASS) at each turn's first branch position (``bet[i]``: the
-    index of BET's token among that position's allowed tokens)."""
-    logp = _branch_logprobs_allowed(model, turns)
+    index of BET's token among that position's two allowed tokens): the logits' difference,
+    the restricted softmax's normaliser cancelling."""
     import torch
 
-    return torch.stack([row[b] - row[1 - b] for row, b in zip(logp, bet, strict=True)])
-
-
-def _branch_logprobs_allowed(model: Any, turns: Sequence[Any]) -> list[Any]:
-    """The restricted log-probs of the allowed tokens at each turn's first branch position."""
-    import torch
-
-    rows = []
     with torch.no_grad():
-        for turn in turns:
-            j = next(i for i, allowed in enumerate(turn.allowed) if len(allowed) > 1)
-            ids = torch.tensor([list(turn.prompt_ids) + list(turn.response_ids[:j])])
-            z = model(ids).logits[0, -1].float()[list(turn.allowed[j])]
-            rows.append(torch.log_softmax(z, dim=0))
-    return rows
+        rows = [_branch_logits(model, t) for t in turns]
+    return torch.stack([z[b] - z[1 - b] for z, b in zip(rows, bet, strict=True)])
 
 
 def _card_gradient_cosines(model: Any, picks: dict[str, tuple[Any, int]]) -> dict[str, float]:
@@ -197,9 +191,7 @@ def _card_gradient_cosines(model: Any, picks: dict[str, tuple[Any, int]]) -> dic
     params = [p for p in model.parameters() if p.requires_grad]
     grads = {}
     for card, (turn, b) in picks.items():
-        j = next(i for i, allowed in enumerate(turn.allowed) if len(allowed) > 1)
-        ids = torch.tensor([list(turn.prompt_ids) + list(turn.response_ids[:j])])
-        z = model(ids).logits[0, -1].float()[list(turn.allowed[j])]
+        z = _branch_logits(model, turn)
         odds = z[b] - z[1 - b]
         grad = torch.autograd.grad(odds, params)
         # float64: in float32 a sum over 10^8 products drifts past +-1.

@@ -165,7 +165,8 @@ def last_episode_values(
     options = replace(graph_options(cfg), constrain_actions=True)
     root = game.new_initial_state()
     tables: dict[tuple[str, int], Any] = {}
-    samples: dict[tuple[str, int], dict[str, list[float]]] = {}
+    samples: dict[tuple[str, int], list[float]] = {}
+    read: dict[int, list[Any]] = {0: [], 1: []}  # each history's table, by seat
     contexts = {}
     for seat in (0, 1):
         env = make_env(cfg.env.name, PlaceholderOpponent(), seat=seat, max_turns=cfg.env.max_turns)
@@ -186,21 +187,21 @@ def last_episode_values(
         mine = tabular_policy(game, table)
         pair = [mine, tables[spec, seat]] if seat == 0 else [tables[spec, seat], mine]
         value = float(expected_game_score.policy_value(root, pair)[seat])
-        responder = best_response_values(rules.game_name, [table], 1 - seat)[0]
-        got = samples.setdefault((spec, seat), {"vs_opponent": [], "vs_best_response": []})
-        got["vs_opponent"].append(value)
-        got["vs_best_response"].append(-responder)
+        samples.setdefault((spec, seat), []).append(value)
+        read[seat].append(table)
         if progress is not None:
             progress(1)
     specs = list(dict.fromkeys(spec for spec, _ in samples))
+    # One best-response solver per seat serves every history's table (its tree is built once).
+    brs = {seat: [-v for v in best_response_values(rules.game_name, seat_tables, 1 - seat)]
+           for seat, seat_tables in read.items()}  # fmt: skip
     seats = []
     for seat, label in enumerate(SEATS):
-        brs = [v for (_, st), got in samples.items() if st == seat for v in got["vs_best_response"]]
-        values = {spec: samples.get((spec, seat), {}).get("vs_opponent", []) for spec in specs}
+        values = {spec: samples.get((spec, seat), []) for spec in specs}
         seats.append(
             {
                 "seat": label,
-                "vs_best_response": _Mean.of(brs),
+                "vs_best_response": _Mean.of(brs[seat]),
                 "vs_opponent": {spec: _Mean.of(v) for spec, v in values.items()},
                 "vs_population": {
                     name: _Mean.weighted(
@@ -233,10 +234,7 @@ def last_episode_values(
     return {
         "episode": f"last (episode {cfg.meta.episodes}, after {cfg.meta.episodes - 1} sampled "
         "hands)",
-        "histories": {
-            f"{spec} {SEATS[seat]}": len(got["vs_opponent"])
-            for (spec, seat), got in samples.items()
-        },
+        "histories": {f"{spec} {SEATS[seat]}": len(got) for (spec, seat), got in samples.items()},
         "seats": [_plain(row) for row in seats],
     }
 

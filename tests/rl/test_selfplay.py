@@ -137,7 +137,7 @@ def test_self_samples_from_the_runs_exploration_mixture(tmp_path) -> None:
         trainer.self_play.uninstall()
 
 
-def test_self_plays_only_inside_training_and_evaluation_leaves_it_out() -> None:
+def test_self_plays_only_inside_training_and_evaluation_leaves_it_out(monkeypatch) -> None:
     cfg = load_config(None, SETTINGS, TrainConfig)
     assert runtime.eval_population(cfg).specs == ["kuhn_poker:aggressive"]
     # What the report and mage exploitability value, labelled by what is left.
@@ -148,9 +148,9 @@ def test_self_plays_only_inside_training_and_evaluation_leaves_it_out() -> None:
     opponent = make_env("kuhn_poker", "kuhn_poker:self").opponent
     with pytest.raises(ValueError, match="not a fixed strategy"):
         opponent.action_probabilities(None, 1)
-    if SelfOpponent.player is None:  # no trainer of this process has installed itself
-        with pytest.raises(RuntimeError, match="inside mage train only"):
-            opponent.act(None, 1)
+    monkeypatch.setattr(SelfOpponent, "player", None)  # no trainer has installed itself
+    with pytest.raises(RuntimeError, match="inside mage train only"):
+        opponent.act(None, 1)
 
 
 def test_mage_eval_of_a_self_play_run_plays_the_rest_of_its_population(trainer) -> None:
