@@ -15,7 +15,9 @@
 # Environment: GPU_WHEELS (default .gpu_wheels); OUT (default: a new temporary folder);
 # GPU_CHECK_BUDGET_S (seconds for the device half, default 450; every step is time-boxed
 # within it); GPU_CHECK_MODELS (default "qwen3-0.6b qwen3-1.7b qwen3-4b"; dry run: tiny);
-# GPU_CHECK_SITE (where the device half installs the wheels, default /tmp/mage-gpu-site).
+# GPU_CHECK_SITE (where the device half installs the wheels, default /tmp/mage-gpu-site);
+# GPU_CHECK_STEPS (a rerun of some steps: words among "pytest hardware zero", the part of
+# a step's name before its first underscore; env and install always run).
 # To rehearse the device half in a CPU image: GPU_CHECK_PYTHON=3.11 (wheels for that
 # Python) for prepare, GPU_CHECK_DEVICE=cpu (small CPU benchmarks) for device.
 set -uo pipefail
@@ -38,6 +40,12 @@ prepare() {
 step() {  # step NAME LIMIT_S CMD...: run CMD time-boxed, log under $OUT/logs, record the outcome
     local name=$1 limit=$2
     shift 2
+    if [ -n "${GPU_CHECK_STEPS:-}" ] && [ "$name" != env ] && [ "$name" != install ] &&
+        ! [[ " $GPU_CHECK_STEPS " =~ \ ${name%%_*}\  ]]; then
+        printf '%s\tnot asked\t0\n' "$name" >>"$OUT/steps.tsv"
+        echo "== $name: not asked (GPU_CHECK_STEPS)"
+        return
+    fi
     local left=$((BUDGET - ($(date +%s) - START) - 15))
     if [ "$left" -lt 20 ]; then
         printf '%s\tskipped\t0\n' "$name" >>"$OUT/steps.tsv"

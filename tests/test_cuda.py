@@ -141,8 +141,16 @@ def test_hardware_bench_runs(device: str) -> None:
 
     result = bench_hardware(
         model="tiny", device=device, samples=2, prompt_len=12, response_len=3, repeats=1,
-        batch_sizes=(1, 2), decode_tokens=3, matmul_size=128, copy_mib=4,
+        batch_sizes=(1, 2), decode_tokens=3, matmul_size=128, copy_mib=4, profile=True,
     )  # fmt: skip
     assert "error" not in result["learner"] and "error" not in result["engine"]
     assert result["learner"]["share"] > 0 and result["engine"]["batches"]["2"]["tokens_per_s"] > 0
-    assert "Learner" in format_hardware_report(result)
+    for batch in result["engine"]["batches"].values():
+        assert batch["bare_step_s"] > 0 and batch["engine_over_bare"] > 0
+        traced = batch["profile"]
+        assert traced["engine_thread_found"] and traced["ops"]
+        assert sum(p["share"] for p in traced["python"]) == pytest.approx(1.0, abs=0.2)
+    report = format_hardware_report(result)
+    assert (
+        "Learner" in report and "engine / bare" in report and "Engine thread at batch 2" in report
+    )

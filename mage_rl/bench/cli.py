@@ -326,7 +326,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--copy-mib", type=int, default=0, help="0: 512 on CPU, 2048 on CUDA")
     p.add_argument("--gradient-checkpointing", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--tokenizer", default=None, help="SmolLM2 tokenizer folder (Qwen3 shapes)")
-    p.add_argument("--profile", action="store_true", help="profile one learner update")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one learner update and a short decode per batch size",
+    )
     p.add_argument("--seed", type=int, default=0)
     _add_common(p)
     p.set_defaults(

@@ -19,6 +19,8 @@ the hardware can do. One run on one device (``cpu`` or ``cuda``):
    ``prompt_len`` random prompt tokens arrive together and are prefilled in one pass
    (prefix reuse off); decoding ``N`` tokens (EOS ignored) minus decoding 1 token is the
    time of ``N - 1`` decode steps of B rows, each step a forward pass plus sampling.
+   Beside it, the plainest decode loop of the same model and batch
+   (:func:`bare_decode_step`): what the engine adds is ``engine_over_bare``.
 
 Arithmetic (per token; L layers, H query and K key/value heads of size D, hidden size
 d, vocabulary V). ``body`` is the weight count of every linear layer but the LM head,
@@ -56,6 +58,7 @@ the model's states would not fit, and gradient checkpointing is on from 1 B para
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import resource
@@ -105,7 +108,8 @@ def bench_hardware(
     is ``on``, ``off`` or ``auto`` (CUDA from 1 B parameters); ``tokenizer`` is the SmolLM2
     tokenizer's folder for the Qwen3 shapes (default: the cached conversion, else the tiny
     test tokenizer, said so in the result); ``profile`` adds the top operators of one
-    learner update (``torch.profiler``); ``seed`` seeds weights, samples and prompts.
+    learner update (``torch.profiler``) and, per batch size, where a short decode spends
+    its host time (:func:`profile_decode`); ``seed`` seeds weights, samples and prompts.
     Returns ``config``, ``device``, ``peak``, ``model``, ``learner``, ``engine`` and
     ``profile``; a phase that failed (out of memory...) holds ``{"error": ...}`` instead.
     """
@@ -145,8 +149,8 @@ def bench_hardware(
         _checkpointing(lm, False)  # harmless when it was off
         lm = lm.to(dtype=compute).eval()
         result["engine"] = _engine_phase(
-            lm, tok, shape, peak, sync, batch_sizes=batch_sizes,
-            prompt_len=prompt_len, decode_tokens=decode_tokens, rounds=rounds, seed=seed,
+            lm, tok, shape, peak, sync, batch_sizes=batch_sizes, prompt_len=prompt_len,
+            decode_tokens=decode_tokens, rounds=rounds, seed=seed, profile=profile,
         )  # fmt: skip
     except Exception as error:
         logger.exception("bench hardware: the engine phase failed")
@@ -361,7 +365,7 @@ def profile_update(learner: Any, batch: Any, sync: Callable[[], None], top: int 
 def _engine_phase(
     model: Any, tokenizer: Any, shape: dict[str, Any], peak: dict[str, Any],
     sync: Callable[[], None], *, batch_sizes: Sequence[int], prompt_len: int,
-    decode_tokens: int, rounds: int, seed: int,
+    decode_tokens: int, rounds: int, seed: int, profile: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     import torch
 
@@ -399,7 +403,12 @@ def _engine_phase(
                 one = asyncio.run(run(engine, prompts, 1))
                 full = asyncio.run(run(engine, prompts, decode_tokens))
                 steps.append((full - one) / (decode_tokens - 1))
+            if profile:
+                # A short decode: on a host-bound GPU machine a step is ~100 ms.
+                short = functools.partial(asyncio.run, run(engine, prompts, min(decode_tokens, 8)))
+                traced = profile_decode(short, thread=f"mage-engine-{engine.name}")
         step_s = max(min(steps), 1e-9)
+        bare_s = bare_decode_step(model, prompts, min(decode_tokens, 16), sync)
         kv_bytes = size * context * kv_per_key
         bandwidth = peak["copy_bytes_per_s"]
         entry = {
@@ -408,7 +417,11 @@ def _engine_phase(
             "kv_bytes_per_step": kv_bytes, "bandwidth_share": weight_bytes / step_s / bandwidth,
             "bandwidth_share_kv": (weight_bytes + kv_bytes) / step_s / bandwidth,
             "compute_share": size * flops_per_token / step_s / peak["matmul_flops_per_s"],
+            "bare_step_s": bare_s, "bare_bandwidth_share": weight_bytes / bare_s / bandwidth,
+            "engine_over_bare": step_s / bare_s,
         }  # fmt: skip
+        if profile:
+            entry["profile"] = traced
         if cuda:
             entry["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         batches[str(size)] = entry
@@ -416,6 +429,99 @@ def _engine_phase(
     dtype = str(first.dtype).removeprefix("torch.")
     return {"dtype": dtype, "context": context, "flops_per_token": flops_per_token,
             "batches": batches}  # fmt: skip
+
+
+def bare_decode_step(
+    model: Any, prompts: list[list[int]], n: int, sync: Callable[[], None]
+) -> float:
+    """Seconds per step of the plainest decode loop of the same model and batch.
+
+    One prefill of the (equal-length) prompts, then ``n`` forward passes of one token per
+    row with the key/value cache, the next token the argmax on the device: no attention
+    mask, no sampling, no host round trip. What the engine adds per step is its step
+    time over this one.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor(prompts, dtype=torch.long, device=device)  # (B, T)
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+        cache, token = out.past_key_values, out.logits[:, -1].argmax(-1)
+        position = torch.full((len(prompts), 1), ids.shape[1], device=device)
+        times = []
+        for _ in range(n):
+            sync()
+            start = time.perf_counter()
+            out = model(input_ids=token[:, None], position_ids=position,
+                        past_key_values=cache, use_cache=True)  # fmt: skip
+            token, position = out.logits[:, -1].argmax(-1), position + 1
+            sync()
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]  # the median: the first steps pay for kernel set-up
+
+
+def profile_decode(
+    decode: Callable[[], Any], thread: str, top: int = 15, every_s: float = 0.002
+) -> dict:
+    """Where the engine's decode spends its host time, two ways, during one ``decode()``.
+
+    ``ops``: the operators with the most self CPU time, on every thread
+    (``torch.profiler``, ``profile_all_threads``). ``python``: a sampling profile of the
+    engine's worker thread, every ``every_s`` seconds from another thread; each sample
+    of the thread named ``thread`` counts its innermost frame of mage_rl, transformers or
+    torch code (``file:function``); ``share`` is the share of samples in each.
+    """
+    import collections
+    import sys
+    import threading
+
+    from torch.profiler import ProfilerActivity, profile
+
+    target = next((t.ident for t in threading.enumerate() if t.name == thread), None)
+    samples: collections.Counter[str] = collections.Counter()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(every_s):
+            frame = sys._current_frames().get(target) if target else None
+            where = "idle"
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if any(part in name for part in ("mage_rl", "transformers", "torch")):
+                    short = "/".join(name.split("/")[-2:])
+                    where = f"{short}:{frame.f_code.co_name}"
+                    break
+                frame = frame.f_back
+            samples[where] += 1
+
+    config = None
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        config = _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):  # an older torch: the calling thread only
+        pass
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+            start = time.perf_counter()
+            decode()
+            wall = time.perf_counter() - start
+    finally:
+        done.set()
+        sampler.join()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    ops = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count,
+            "share_of_wall": e.self_cpu_time_total / 1e6 / wall} for e in events[:top]]  # fmt: skip
+    count = sum(samples.values()) or 1
+    python = [{"where": k, "share": v / count} for k, v in samples.most_common(top)]
+    return {"wall_s": wall, "ops_self_total_s": total, "ops": ops, "python": python,
+            "all_threads": config is not None, "engine_thread_found": target is not None}  # fmt: skip
 
 
 def _device_info(device: Any) -> dict[str, Any]:
@@ -477,15 +583,22 @@ def format_hardware_report(result: dict[str, Any]) -> str:
             f"\nEngine decode ({engine['dtype']} weights, {cfg['decode_tokens']} tokens after "
             f"{cfg['prompt_len']} prompt tokens):\n",
             "| batch | ms/step | tokens/s | weights / bandwidth | weights + KV / bandwidth "
-            "| compute / matmul peak |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| compute / matmul peak | bare loop ms/step | engine / bare |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for size, e in engine["batches"].items():
             lines.append(
                 f"| {size} | {e['step_s'] * 1e3:.1f} | {e['tokens_per_s']:.0f} "
                 f"| {e['bandwidth_share']:.0%} | {e['bandwidth_share_kv']:.0%} "
-                f"| {e['compute_share']:.0%} |"
+                f"| {e['compute_share']:.0%} | {e['bare_step_s'] * 1e3:.1f} "
+                f"| {e['engine_over_bare']:.1f} |"
             )
+        for size, e in engine["batches"].items():
+            if e.get("profile"):
+                where = ", ".join(
+                    f"{p['where']} {p['share']:.0%}" for p in e["profile"]["python"][:6]
+                )
+                lines.append(f"\nEngine thread at batch {size} (sampled): {where}")
     prof = result.get("profile")
     if prof and "error" in prof:
         lines += ["", f"Profile failed: {prof['error']}"]

@@ -44,6 +44,20 @@ def test_dry_run_runs_every_step_and_writes_json_with_provenance(tmp_path: Path)
         assert (out / part).is_file()
 
 
+def test_steps_variable_reruns_only_the_named_steps(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_STEPS": "pytest"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    rows = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines())
+    assert rows["env"] == "0" and rows["hardware_tiny"] == "not asked"
+    assert rows["pytest_gpu"] == "0" and rows["pytest_cpu"] == "0"
+    assert json.loads((out / "summary.json").read_text())["ok"]
+
+
 def test_prepare_plan_pins_every_core_wheel_to_an_installed_version() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "prepare", "unused", "64", "2",
