@@ -21,9 +21,11 @@ from mage_rl.bench.learning import (
     fmt_estimate,
     probe_config,
     read_records,
+    rps_figures,
     share_interval,
 )
 from mage_rl.envs.rps import rps_values
+from mage_rl.eval.stats import mean_interval
 from mage_rl.provenance import write_results
 from mage_rl.rl.advantages import compute_advantages
 
@@ -411,7 +413,14 @@ def evaluate_checkpoint(
             len(evs) > 1 and evs[-1].get("low") is not None and evs[-1]["low"] > evs[0]["high"]
         ),
     }
+    # The same meta-episodes play both episodes: their difference, paired, is the finer
+    # test (the opponent's draws and the deal cancel out).
+    full = [r for r in records if len(r["episodes"]) == cfg.meta.episodes]
+    gain = mean_interval([r["episodes"][-1]["payoff"] - r["episodes"][0]["payoff"] for r in full])
+    doc["last_minus_first"] = {"mean": gain.mean, "low": gain.low, "high": gain.high, "n": gain.n}
+    doc["last_better_than_first"] = bool(gain.low is not None and gain.low > 0)
     if cfg.env.name == "rock_paper_scissors":
+        doc["beats_last_shown"] = rps_figures(records, cfg.meta.episodes)["beats_last_shown"]
         pop = runtime.population(cfg)
         values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
         doc["oracle"] = values.to_dict()
@@ -435,5 +444,13 @@ def format_transfer(doc: dict[str, Any]) -> str:
             f"| exact | best fixed {oracle['best_fixed']:+.3f} | | Bayes last "
             f"{oracle['bayes_last']:+.3f} (win {oracle['win_bayes_last']:.2f}) |"
         )
-    lines += ["", f"last episode above the first, intervals apart: {doc['last_above_first']}"]
+    gain = doc.get("last_minus_first")
+    if gain:
+        lines += ["", f"last minus first, paired over {gain['n']} meta-episodes: "
+                  f"{fmt_estimate(gain, 3, True)}"]  # fmt: skip
+    if doc.get("beats_last_shown"):
+        lines.append(f"answers beating the opponent's previous move (rounds 2..{k}): "
+                     f"{fmt_estimate(doc['beats_last_shown'])}")  # fmt: skip
+    lines += ["", f"last episode above the first, intervals apart: {doc['last_above_first']}",
+              f"last episode better than the first, paired: {doc.get('last_better_than_first')}"]  # fmt: skip
     return "\n".join(lines)

@@ -120,6 +120,15 @@ def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path)
     )
     assert len(doc["ev_by_episode"]) == 3 and doc["oracle"]["bayes_last"] == pytest.approx(0.192)
     assert "last episode above the first" in format_transfer(doc)
+    # The paired difference is the mean of each meta-episode's last payoff minus its first.
+    gains = [
+        (r := json.loads(line))["episodes"][-1]["payoff"] - r["episodes"][0]["payoff"]
+        for line in records
+    ]  # fmt: skip
+    assert doc["last_minus_first"]["mean"] == pytest.approx(sum(gains) / len(gains))
+    assert doc["last_minus_first"]["n"] == 6
+    assert doc["last_better_than_first"] == (doc["last_minus_first"]["low"] > 0)
+    assert doc["beats_last_shown"]["n"] == 12  # rounds 2 and 3 of 6 meta-episodes
     saved = json.loads((tmp_path / "transfer" / "transfer.json").read_text())
     assert saved["provenance"]["command"] and saved["checkpoint"] == str(checkpoint)
 
