@@ -20,7 +20,8 @@ the hardware can do. One run on one device (``cpu`` or ``cuda``):
    (prefix reuse off); decoding ``N`` tokens (EOS ignored) minus decoding 1 token is the
    time of ``N - 1`` decode steps of B rows, each step a forward pass plus sampling.
    Beside it, the plainest decode loop of the same model and batch
-   (:func:`bare_decode_step`): what the engine adds is ``engine_over_bare``.
+   (:func:`~mage_rl.bench.hardware_profile.bare_decode_step`); what the engine adds
+   is ``engine_over_bare``.
 
 Arithmetic (per token; L layers, H query and K key/value heads of size D, hidden size
 d, vocabulary V). ``body`` is the weight count of every linear layer but the LM head,
@@ -66,6 +67,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mage_rl.bench.hardware_profile import bare_decode_step, profile_decode, profile_update
 from mage_rl.bench.learner import _synthetic_ids, on_policy_batch, time_updates
 from mage_rl.cache import cache_root
 from mage_rl.policy.base import SamplingParams
@@ -109,7 +111,8 @@ def bench_hardware(
     tokenizer's folder for the Qwen3 shapes (default: the cached conversion, else the tiny
     test tokenizer, said so in the result); ``profile`` adds the top operators of one
     learner update (``torch.profiler``) and, per batch size, where a short decode spends
-    its host time (:func:`profile_decode`); ``seed`` seeds weights, samples and prompts.
+    its host time (:func:`~mage_rl.bench.hardware_profile.profile_decode`); ``seed``
+    seeds weights, samples and prompts.
     Returns ``config``, ``device``, ``peak``, ``model``, ``learner``, ``engine`` and
     ``profile``; a phase that failed (out of memory...) holds ``{"error": ...}`` instead.
     """
@@ -339,29 +342,6 @@ def _learner_phase(
     return out
 
 
-def profile_update(learner: Any, batch: Any, sync: Callable[[], None], top: int = 15) -> dict:
-    """Where one learner update spends its time: the ``top`` operators by self time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = learner.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        learner.update(batch)
-        sync()
-        wall = time.perf_counter() - start
-    averages = prof.key_averages()
-    keys = ("self_device_time_total", "self_cuda_time_total") if cuda else ()
-    key = next((k for k in keys if any(getattr(e, k, 0) for e in averages)), "self_cpu_time_total")
-    events = [e for e in averages if getattr(e, key, 0) > 0]
-    total = sum(getattr(e, key) for e in events) / 1e6
-    events.sort(key=lambda e: getattr(e, key), reverse=True)
-    ops = [{"op": e.key, "self_s": getattr(e, key) / 1e6, "calls": e.count} for e in events[:top]]
-    for op in ops:
-        op["share"] = op["self_s"] / total
-    return {"sorted_by": key, "wall_s": wall, "self_total_s": total, "ops": ops}
-
-
 def _engine_phase(
     model: Any, tokenizer: Any, shape: dict[str, Any], peak: dict[str, Any],
     sync: Callable[[], None], *, batch_sizes: Sequence[int], prompt_len: int,
@@ -429,99 +409,6 @@ def _engine_phase(
     dtype = str(first.dtype).removeprefix("torch.")
     return {"dtype": dtype, "context": context, "flops_per_token": flops_per_token,
             "batches": batches}  # fmt: skip
-
-
-def bare_decode_step(
-    model: Any, prompts: list[list[int]], n: int, sync: Callable[[], None]
-) -> float:
-    """Seconds per step of the plainest decode loop of the same model and batch.
-
-    One prefill of the (equal-length) prompts, then ``n`` forward passes of one token per
-    row with the key/value cache, the next token the argmax on the device: no attention
-    mask, no sampling, no host round trip. What the engine adds per step is its step
-    time over this one.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    ids = torch.tensor(prompts, dtype=torch.long, device=device)  # (B, T)
-    with torch.inference_mode():
-        out = model(input_ids=ids, use_cache=True)
-        cache, token = out.past_key_values, out.logits[:, -1].argmax(-1)
-        position = torch.full((len(prompts), 1), ids.shape[1], device=device)
-        times = []
-        for _ in range(n):
-            sync()
-            start = time.perf_counter()
-            out = model(input_ids=token[:, None], position_ids=position,
-                        past_key_values=cache, use_cache=True)  # fmt: skip
-            token, position = out.logits[:, -1].argmax(-1), position + 1
-            sync()
-            times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]  # the median: the first steps pay for kernel set-up
-
-
-def profile_decode(
-    decode: Callable[[], Any], thread: str, top: int = 15, every_s: float = 0.002
-) -> dict:
-    """Where the engine's decode spends its host time, two ways, during one ``decode()``.
-
-    ``ops``: the operators with the most self CPU time, on every thread
-    (``torch.profiler``, ``profile_all_threads``). ``python``: a sampling profile of the
-    engine's worker thread, every ``every_s`` seconds from another thread; each sample
-    of the thread named ``thread`` counts its innermost frame of mage_rl, transformers or
-    torch code (``file:function``); ``share`` is the share of samples in each.
-    """
-    import collections
-    import sys
-    import threading
-
-    from torch.profiler import ProfilerActivity, profile
-
-    target = next((t.ident for t in threading.enumerate() if t.name == thread), None)
-    samples: collections.Counter[str] = collections.Counter()
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(every_s):
-            frame = sys._current_frames().get(target) if target else None
-            where = "idle"
-            while frame is not None:
-                name = frame.f_code.co_filename
-                if any(part in name for part in ("mage_rl", "transformers", "torch")):
-                    short = "/".join(name.split("/")[-2:])
-                    where = f"{short}:{frame.f_code.co_name}"
-                    break
-                frame = frame.f_back
-            samples[where] += 1
-
-    config = None
-    try:
-        from torch._C._profiler import _ExperimentalConfig
-
-        config = _ExperimentalConfig(profile_all_threads=True)
-    except (ImportError, TypeError):  # an older torch: the calling thread only
-        pass
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        with profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
-            start = time.perf_counter()
-            decode()
-            wall = time.perf_counter() - start
-    finally:
-        done.set()
-        sampler.join()
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events) / 1e6
-    ops = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count,
-            "share_of_wall": e.self_cpu_time_total / 1e6 / wall} for e in events[:top]]  # fmt: skip
-    count = sum(samples.values()) or 1
-    python = [{"where": k, "share": v / count} for k, v in samples.most_common(top)]
-    return {"wall_s": wall, "ops_self_total_s": total, "ops": ops, "python": python,
-            "all_threads": config is not None, "engine_thread_found": target is not None}  # fmt: skip
 
 
 def _device_info(device: Any) -> dict[str, Any]:
