@@ -26,13 +26,19 @@ def profile_update(learner: Any, batch: Any, sync: Callable[[], None], top: int 
     averages = prof.key_averages()
     keys = ("self_device_time_total", "self_cuda_time_total") if cuda else ()
     key = next((k for k in keys if any(getattr(e, k, 0) for e in averages)), "self_cpu_time_total")
-    events = [e for e in averages if getattr(e, key, 0) > 0]
-    total = sum(getattr(e, key) for e in events) / 1e6
-    events.sort(key=lambda e: getattr(e, key), reverse=True)
-    ops = [{"op": e.key, "self_s": getattr(e, key) / 1e6, "calls": e.count} for e in events[:top]]
+    ops, total = _top_ops(averages, key, top)
     for op in ops:
         op["share"] = op["self_s"] / total
     return {"sorted_by": key, "wall_s": wall, "self_total_s": total, "ops": ops}
+
+
+def _top_ops(averages: Any, key: str, top: int) -> tuple[list[dict[str, Any]], float]:
+    """The ``top`` operators of a profile by ``key`` (a self time), and that time's total."""
+    events = [e for e in averages if getattr(e, key, 0) > 0]
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events) / 1e6
+    ops = [{"op": e.key, "self_s": getattr(e, key) / 1e6, "calls": e.count} for e in events[:top]]
+    return ops, total
 
 
 def bare_decode_step(
@@ -42,7 +48,7 @@ def bare_decode_step(
 
     One prefill of the (equal-length) prompts, then ``n`` forward passes of one token per
     row with the key/value cache, the next token the argmax on the device: no attention
-    mask, no sampling, no host round trip. What the engine adds per step is its step
+    mask, no sampling, no token copied to the host. What the engine adds per step is its step
     time over this one.
     """
     import torch
@@ -117,11 +123,9 @@ def profile_decode(
     finally:
         done.set()
         sampler.join()
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events) / 1e6
-    ops = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count,
-            "share_of_wall": e.self_cpu_time_total / 1e6 / wall} for e in events[:top]]  # fmt: skip
+    ops, total = _top_ops(prof.key_averages(), "self_cpu_time_total", top)
+    for op in ops:
+        op["share_of_wall"] = op["self_s"] / wall
     count = sum(samples.values()) or 1
     python = [{"where": k, "share": v / count} for k, v in samples.most_common(top)]
     return {"wall_s": wall, "ops_self_total_s": total, "ops": ops, "python": python,

@@ -160,17 +160,26 @@ def share_interval(hits: int, n: int) -> dict[str, float | int | None]:
     return {"mean": hits / n, "low": est.low, "high": est.high, "n": n}
 
 
-def rps_figures(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
-    """Win rate by round, and how often rounds 2..K beat the opponent's previous move."""
+def win_by_episode(records: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The share of episodes won at each index ``0..k-1``, with its Wilson interval."""
     wins, played = [0] * k, [0] * k
     for record in records:
         for episode in record["episodes"]:
             played[episode["index"]] += 1
             wins[episode["index"]] += episode["outcome"] == "won"
-    reads, informed = _rps_reads(records)
+    return [share_interval(w, n) for w, n in zip(wins, played, strict=True)]
+
+
+def rps_beats_last_shown(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How often answers in rounds 2..K beat the opponent's previous move."""
+    return share_interval(*_rps_reads(records))
+
+
+def rps_figures(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Win rate by round, and how often rounds 2..K beat the opponent's previous move."""
     return {
-        "win_by_round": [share_interval(w, n) for w, n in zip(wins, played, strict=True)],
-        "beats_last_shown": share_interval(reads, informed),
+        "win_by_round": win_by_episode(records, k),
+        "beats_last_shown": rps_beats_last_shown(records),
     }
 
 

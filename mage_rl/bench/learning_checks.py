@@ -21,8 +21,8 @@ from mage_rl.bench.learning import (
     fmt_estimate,
     probe_config,
     read_records,
-    rps_figures,
-    share_interval,
+    rps_beats_last_shown,
+    win_by_episode,
 )
 from mage_rl.envs.rps import rps_values
 from mage_rl.eval.stats import mean_interval
@@ -396,19 +396,13 @@ def evaluate_checkpoint(
     records = read_records(out / "eval" / "iter_000000.jsonl")  # written by evaluate()
     block = summary.get("stratified") or summary["intervals"]
     evs = block.get("ev@k") or []
-    wins = [0] * cfg.meta.episodes
-    played = [0] * cfg.meta.episodes
-    for record in records:
-        for episode in record["episodes"]:
-            played[episode["index"]] += 1
-            wins[episode["index"]] += episode["outcome"] == "won"
     doc = {
         "config": str(config),
         "checkpoint": str(checkpoint),
         "population": population,
         "n": summary["n"],
         "ev_by_episode": evs,
-        "win_by_episode": [share_interval(w, n) for w, n in zip(wins, played, strict=True)],
+        "win_by_episode": win_by_episode(records, cfg.meta.episodes),
         "last_above_first": bool(
             len(evs) > 1 and evs[-1].get("low") is not None and evs[-1]["low"] > evs[0]["high"]
         ),
@@ -420,7 +414,7 @@ def evaluate_checkpoint(
     doc["last_minus_first"] = {"mean": gain.mean, "low": gain.low, "high": gain.high, "n": gain.n}
     doc["last_better_than_first"] = bool(gain.low is not None and gain.low > 0)
     if cfg.env.name == "rock_paper_scissors":
-        doc["beats_last_shown"] = rps_figures(records, cfg.meta.episodes)["beats_last_shown"]
+        doc["beats_last_shown"] = rps_beats_last_shown(records)
         pop = runtime.population(cfg)
         values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
         doc["oracle"] = values.to_dict()
