@@ -18,6 +18,7 @@ from rich.table import Table
 from mage_rl.bench.cli import register as register_bench
 from mage_rl.cluster.backends import trainer_class
 from mage_rl.console import console, error, heading, notice
+from mage_rl.eval.ablation_cli import register as register_ablate
 from mage_rl.eval.cli import register as register_eval
 from mage_rl.eval.exploitability_cli import register as register_exploitability
 from mage_rl.eval.oracle_cli import cmd_oracle
@@ -304,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands whose parsers live beside their code (imported late: they pull in more).
 
     register_oracle(sub)
-    for register in (register_eval, register_exploitability, register_serve, register_bench,
-                     register_view):  # fmt: skip
+    for register in (register_eval, register_ablate, register_exploitability, register_serve,
+                     register_bench, register_view):  # fmt: skip
         register(sub)
     return parser
 
@@ -353,6 +354,7 @@ def _main(argv: Sequence[str] | None) -> int:
     )
 
     mark_start()  # results files name the commit this command started from
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for results files' stamps
     try:
         return int(args.func(args) or 0)
     except WriteError as exc:  # a full disk: neither a crash nor a refused command

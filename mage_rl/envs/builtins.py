@@ -1,6 +1,6 @@
 """The built-in environments and opponents, registered in one place.
 
-Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em, Liar's Dice and rock-paper-scissors are
+Kuhn Poker, Tic-Tac-Toe, Leduc Hold'em, Liar's Dice, rock-paper-scissors and the showdown are
 OpenSpiel games through the
 shared adapter; Sokoban, ScienceWorld and TextWorld-Express are single-agent tasks whose
 "opponents" are task variants. Their SPEC §3 constants (penalties) come from their rules;
@@ -17,6 +17,7 @@ from mage_rl.envs import (
     liars_dice,
     rps,
     sciworld,
+    showdown,
     sokoban,
     textworlds,
     tictactoe,
@@ -46,6 +47,8 @@ def register_builtins() -> None:
         "liars_dice", rules=liars_dice.LiarsDiceRules(), aliases=("liars",), gamma_traj=0.6
     )
     register_env(rps.GAME, rules=rps.RockPaperScissorsRules(), aliases=("rps",), gamma_traj=0.6)
+    # gamma_traj 1: the showdown exists to test the final-episode objective itself (SPEC §11).
+    register_env(showdown.GAME, rules=showdown.ShowdownRules(), gamma_traj=1.0)
     register_env(
         "sokoban",
         factory=sokoban.make_sokoban_env,
@@ -71,6 +74,7 @@ def register_builtins() -> None:
     leduc.register_opponents()
     liars_dice.register_opponents()
     rps.register_opponents()
+    showdown.register_opponents()
     sokoban.register_opponents()
     sciworld.register_opponents()
     twx.register_opponents()

@@ -40,6 +40,13 @@ def cmd_oracle(args: argparse.Namespace) -> int:
         from mage_rl.eval.rps_oracle import print_rps_oracle
 
         return print_rps_oracle(args.population, as_json=args.json, console=console)
+    if game == "showdown":
+        from mage_rl.eval.showdown_oracle import print_showdown_oracle
+
+        return print_showdown_oracle(
+            args.population, episodes=args.episodes, gamma_traj=args.gamma_traj,
+            omega=args.omega, as_json=args.json, console=console,
+        )  # fmt: skip
     if game != "kuhn_poker":
         return _game_oracle(args, game)
     population = Population.parse(args.population or _KUHN_POPULATION, game="kuhn_poker")
@@ -78,6 +85,7 @@ def cmd_oracle(args: argparse.Namespace) -> int:
 _KUHN_POPULATION = "conservative=0.3,aggressive=0.3,intermediate=0.4"
 _ORACLE_GAMES = (
     "kuhn", "kuhn_poker", "leduc", "leduc_poker", "liars", "liars_dice", "rps", "rock_paper_scissors",
+    "showdown",
 )  # fmt: skip
 
 
@@ -160,7 +168,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``oracle`` to the ``mage`` sub-command parser."""
     p = sub.add_parser(
         "oracle",
-        help="exact reference values: Kuhn (SPEC §9), Leduc, Liar's Dice, rock-paper-scissors",
+        help="exact reference values: Kuhn (SPEC §9), Leduc, Liar's Dice, rock-paper-scissors, "
+        "the showdown (SPEC §11)",
     )
     p.add_argument("game", choices=_ORACLE_GAMES)
     p.add_argument(
@@ -176,5 +185,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="CFR+ iterations behind the Nash bounds of Leduc and Liar's Dice (default 500 "
         "and 200); more iterations, tighter bounds, longer first run (then cached)",
     )
+    p.add_argument(
+        "--episodes", type=int, default=2, help="showdown: K, the episodes of a meta-episode (default 2)"
+    )
+    p.add_argument(
+        "--gamma-traj", type=float, default=1.0,
+        help="showdown: the cross-episode discount the credit modes are solved for (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--omega", type=float, default=1.0,
+        help="showdown: GiGPO's step-level weight the credit modes are solved for (default 1)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_oracle)
