@@ -251,6 +251,16 @@ class RunConfig(_Strict):
                 f"env.name={self.env.name} is a single-agent task with one seat, but env.seat="
                 f"{self.env.seat!r}; set env.seat: first"
             )
+        rules = env_spec(self.env.name).rules
+        agent_seats = tuple(getattr(rules, "agent_seats", (0, 1)))
+        if agent_seats != (0, 1) and self.env.seat not in [
+            name for i in agent_seats for name in (("first", "0"), ("second", "1"))[i]
+        ]:
+            where = " or ".join(("first", "second")[i] for i in agent_seats)
+            raise ValueError(
+                f"env.name={self.env.name}: the agent plays seat {where} only, but env.seat="
+                f"{self.env.seat!r}; set env.seat: {where}"
+            )
         if (
             self.meta.layout == "conversation"
             and self.meta.context == "none"

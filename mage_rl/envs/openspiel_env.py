@@ -57,10 +57,14 @@ class GameRules(ABC):
         length_penalty: ``c_len`` (SPEC §3).
         default_max_turns: Agent turns per episode, invalid ones included.
         payoff_unit: What ``info.payoff`` counts, in words for tables and reports.
+        agent_seats: The seats an agent may take in a config (a game where only one
+            side makes a real choice, such as the showdown's answerer, names that one);
+            the exploitability of the first episode needs both.
     """
 
     game_name: str
     payoff_unit: str = "payoff per game"
+    agent_seats: tuple[int, ...] = (0, 1)
     invalid_penalty: float = 0.5
     length_penalty: float = 2.0
     default_max_turns: int = 8

@@ -151,15 +151,9 @@ class ShowdownRules(GameRules):
     invalid_penalty = 0.5
     length_penalty = 2.0
     default_max_turns = 2
-
-    def _check_seat(self, seat: int) -> None:
-        if seat != ANSWER_SEAT:
-            raise ValueError(
-                "in showdown the agent answers the opponent's bet: set env.seat: second"
-            )
+    agent_seats = (ANSWER_SEAT,)
 
     def task_description(self, seat: int) -> str:
-        self._check_seat(seat)
         return (
             "Each round the opponent bets. Some opponents bluff (bet weak hands), others "
             "never do; the same opponent plays every round. Answer "
@@ -169,7 +163,6 @@ class ShowdownRules(GameRules):
         )
 
     def brief_description(self, seat: int) -> str:
-        self._check_seat(seat)
         return (
             "The opponent bets each round. CALL: +1 if it bluffed (weak hand), "
             f"-{LOSS:g} if strong; its hand is shown. FOLD: 0, hand hidden. Answer "
@@ -204,7 +197,9 @@ class ShowdownRules(GameRules):
         payoff = float(state.returns()[seat])
         extra: dict[str, Any] = {"answer": ANSWERS[answer]}
         if answer == FOLD:
-            return FinalScore("draw", 0.0, 0.0, "You folded; the hand stays hidden. 0 chips.", extra)
+            return FinalScore(
+                "draw", 0.0, 0.0, "You folded; the hand stays hidden. 0 chips.", extra
+            )
         extra["opponent_hand"] = HANDS[hand]
         if hand == WEAK:
             feedback = "You called: the opponent showed a weak hand, a bluff. You won 1 chip."

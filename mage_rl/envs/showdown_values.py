@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from mage_rl.envs.showdown import ANSWERS, LOSS, bluff_rate
@@ -166,7 +166,7 @@ def solve(
     total = float(sum(weights))
     prior = [w / total for w in weights]
 
-    @lru_cache(maxsize=None)
+    @cache
     def node(k: int, weak: int, strong: int) -> tuple[tuple[float, ...], float, int | None]:
         """Expected ``R_k..R_{K-1}``, the margin at this node, and the probe episode."""
         if k == episodes:

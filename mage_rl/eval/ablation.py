@@ -42,6 +42,23 @@ PROBES: dict[str, Callable[[dict[str, Any]], bool]] = {
 """Per environment, whether a record's episode probed (what "probe share" counts)."""
 
 
+def _showdown_seen(earlier: list[dict[str, Any]]) -> str:
+    """What the earlier episodes' calls showed: a weak hand, only strong ones, or nothing."""
+    outcomes = {e.get("outcome") for e in earlier}
+    return (
+        "weak shown"
+        if "won" in outcomes
+        else "strong shown"
+        if "lost" in outcomes
+        else "nothing shown"
+    )
+
+
+SITUATIONS: dict[str, Callable[[list[dict[str, Any]]], str]] = {"showdown": _showdown_seen}
+"""Per environment, what the last episode knew, from the earlier episodes' results: the
+summary counts the last episode's probes (calls) per situation."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """One combination of the varied values.
@@ -76,7 +93,9 @@ def parse_vary(items: Sequence[str]) -> list[Variant]:
         key = key.strip()
         options = [v.strip() for v in values.split(",") if v.strip()]
         if not sep or not key or not options:
-            raise ValueError(f"--vary {item!r}: write KEY=V1,V2 (for example returns.mode=differential,single_episode)")
+            raise ValueError(
+                f"--vary {item!r}: write KEY=V1,V2 (for example returns.mode=differential,single_episode)"
+            )
         if key in (k for k, _ in axes):
             raise ValueError(f"--vary names {key!r} twice")
         if len(set(options)) != len(options):
@@ -95,7 +114,9 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--seeds {text!r}: write integers separated by commas, e.g. 0,1,2") from None
+        raise ValueError(
+            f"--seeds {text!r}: write integers separated by commas, e.g. 0,1,2"
+        ) from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds {text!r}: give one or more distinct seeds")
     return seeds
@@ -162,23 +183,37 @@ def run_summary(
     k: int,
     bounds: tuple[float | None, float | None],
     probe: Callable[[dict[str, Any]], bool] | None,
+    situation: Callable[[list[dict[str, Any]]], str] | None = None,
 ) -> dict[str, Any]:
-    """Per-episode payoffs (with intervals) and the first episode's probe share."""
+    """Per-episode payoffs (with intervals), the first episode's probe share, and the last
+    episode's probe share per situation (what the earlier episodes showed)."""
     low, high = bounds
     per_episode = []
     for i in range(k):
         values = [_payoff(eps[i]) if i < len(eps) else 0.0 for eps in episodes.values()]
         per_episode.append(bounded_mean_interval(values, low, high).to_dict())
     probes = None
+    last_by_situation: dict[str, dict[str, Any]] = {}
     if probe is not None and episodes:
         hits = sum(bool(eps and probe(eps[0])) for eps in episodes.values())
         probes = wilson_interval(hits, len(episodes)).to_dict()
+        if situation is not None and k > 1:
+            counts: dict[str, list[int]] = {}
+            for eps in episodes.values():
+                if len(eps) == k:
+                    tally = counts.setdefault(situation(eps[:-1]), [0, 0])
+                    tally[0] += bool(probe(eps[-1]))
+                    tally[1] += 1
+            last_by_situation = {
+                name: wilson_interval(hit, n).to_dict() for name, (hit, n) in sorted(counts.items())
+            }
     return {
         "n": len(episodes),
         "first": per_episode[0],
         "last": per_episode[-1],
         "episodes": per_episode,
         "first_probe_share": probes,
+        "last_probe_share_by_situation": last_by_situation,
     }
 
 
@@ -196,7 +231,9 @@ def paired_last(
     return {"tasks": len(shared), "difference": est.to_dict()}
 
 
-def verdict(paired: dict[str, Any], ref_last: dict[str, Any], other_last: dict[str, Any]) -> dict[str, Any]:
+def verdict(
+    paired: dict[str, Any], ref_last: dict[str, Any], other_last: dict[str, Any]
+) -> dict[str, Any]:
     """``apart`` when the paired interval lies above 0 (the first named variant higher);
     ``intervals_apart`` is the unpaired check (the two last-episode intervals disjoint)."""
     diff = paired["difference"]
@@ -222,7 +259,10 @@ def references(cfg: Any) -> dict[str, Any]:
         population = runtime.eval_population(cfg)
         weights = dict(zip(population.specs, population.weights, strict=True))
         values = showdown_values(
-            weights, cfg.meta.episodes, gamma_traj=cfg.returns.gamma_traj, omega=cfg.advantages.omega
+            weights,
+            cfg.meta.episodes,
+            gamma_traj=cfg.returns.gamma_traj,
+            omega=cfg.advantages.omega,
         )
         return {
             "best_fixed": values.best_fixed,
@@ -254,7 +294,9 @@ def variant_overrides(variant: Variant, sets: Sequence[str]) -> list[str]:
     return [*sets, *(f"{k}={v}" for k, v in variant.overrides), *implied(variant)]
 
 
-def train_command(config: str, variant: Variant, seed: int, run_dir: Path, sets: Sequence[str]) -> list[str]:
+def train_command(
+    config: str, variant: Variant, seed: int, run_dir: Path, sets: Sequence[str]
+) -> list[str]:
     """The ``mage train`` command line of one run."""
     command = [sys.executable, "-m", "mage_rl.cli", "train", config, "--run-dir", str(run_dir)]
     overrides = variant_overrides(variant, sets)
@@ -275,7 +317,9 @@ def run_one(command: list[str], run_dir: Path, log: Callable[[str], None]) -> di
         command = [*command, "--resume"]
     started = time.time()
     with (run_dir / "train.log").open("a") as out:
-        code = subprocess.run([*command, "--no-progress"], stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            [*command, "--no-progress"], stdout=out, stderr=subprocess.STDOUT
+        ).returncode
     wall = round(time.time() - started, 1)
     if code != 0:
         tail = (run_dir / "train.log").read_text(errors="replace").splitlines()[-5:]
@@ -317,7 +361,9 @@ def markdown(doc: dict[str, Any]) -> str:
     for variant in doc["variants"]:
         for seed, run in variant["seeds"].items():
             if run["status"] != "done":
-                lines.append(f"| {variant['name']} | {seed} | {run['status']} (exit {run.get('exit_code')}) | | | | | |")
+                lines.append(
+                    f"| {variant['name']} | {seed} | {run['status']} (exit {run.get('exit_code')}) | | | | | |"
+                )
                 continue
             v = run.get("verdict")
             lines.append(
@@ -356,7 +402,13 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     if "best_fixed" in refs:
         ax.axhline(refs["best_fixed"], color="tab:red", ls=":", lw=1, label="best fixed")
     if "optimum_last" in refs:
-        ax.axhline(refs["optimum_last"]["final"], color="tab:green", ls="--", lw=1, label="optimum, last episode")
+        ax.axhline(
+            refs["optimum_last"]["final"],
+            color="tab:green",
+            ls="--",
+            lw=1,
+            label="optimum, last episode",
+        )
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("payoff per episode")
     ax.set_title(f"Ablation of {Path(doc['config']).name}, every seed", fontsize=9)

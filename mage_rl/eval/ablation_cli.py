@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.console import console, error
+from mage_rl.eval import ablation as ab
+from mage_rl.provenance import write_results
 
 
 def run_ablation(
@@ -24,9 +26,6 @@ def run_ablation(
         ValueError: A bad ``--vary`` or ``--seeds``, or a config the overrides break.
     """
     from mage_rl.config import load_config
-    from mage_rl.eval import ablation as ab
-    from mage_rl.provenance import write_results
-
     started = time.time()
     variants = ab.parse_vary(vary)
     seeds = ab.parse_seeds(seeds_text)
@@ -71,14 +70,24 @@ def run_ablation(
                 run.update(status="failed", reason="no final evaluation (set eval.tasks > 0)")
             if final is not None:
                 episodes[(i, seed)] = ab.read_episodes(final)
-                run.update(ab.run_summary(episodes[(i, seed)], k, bounds, probe))
+                situation = ab.SITUATIONS.get(cfg.env.name)
+                run.update(ab.run_summary(episodes[(i, seed)], k, bounds, probe, situation))
                 console.print(
                     f"  first {ab._fmt(run['first'])}, last {ab._fmt(run['last'])}"
-                    + (f", first-episode probes {ab._share(run['first_probe_share'])}" if probe else "")
+                    + (
+                        f", first-episode probes {ab._share(run['first_probe_share'])}"
+                        if probe
+                        else ""
+                    )
                 )
             entry["seeds"][str(seed)] = run
             # Written after every run: a crash keeps what was finished.
-            write_results(out / "ablation.json", ab._finite(doc), started=started, argv=["mage", *(argv or [])])
+            write_results(
+                out / "ablation.json",
+                ab._finite(doc),
+                started=started,
+                argv=["mage", *(argv or [])],
+            )
     for i, variant in enumerate(doc["variants"][1:], start=1):
         for seed in seeds:
             run, ref = variant["seeds"][str(seed)], doc["variants"][0]["seeds"][str(seed)]
@@ -89,7 +98,9 @@ def run_ablation(
         v["name"]: sum(bool(r.get("verdict", {}).get("apart")) for r in v["seeds"].values())
         for v in doc["variants"][1:]
     }
-    write_results(out / "ablation.json", ab._finite(doc), started=started, argv=["mage", *(argv or [])])
+    write_results(
+        out / "ablation.json", ab._finite(doc), started=started, argv=["mage", *(argv or [])]
+    )
     (out / "ablation.md").write_text(ab.markdown(doc))
     ab.plot(doc, out / "ablation.png")
     return doc
@@ -103,11 +114,16 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         error(exc)
         return 2
     failed = [
-        f"{v['name']} seed {s}" for v in doc["variants"] for s, r in v["seeds"].items() if r["status"] != "done"
+        f"{v['name']} seed {s}"
+        for v in doc["variants"]
+        for s, r in v["seeds"].items()
+        if r["status"] != "done"
     ]
     console.print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'}, {out / 'ablation.png'}")
     for name, count in doc["apart_seeds"].items():
-        console.print(f"{doc['reference']} above {name} (paired, last episode): {count} of {len(doc['seeds'])} seeds")
+        console.print(
+            f"{doc['reference']} above {name} (paired, last episode): {count} of {len(doc['seeds'])} seeds"
+        )
     if failed:
         error(f"{len(failed)} run(s) failed: {', '.join(failed)}")
         return 1
@@ -131,7 +147,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a config key and its values; repeat for more keys (every combination runs); "
         "the first combination is the reference",
     )  # fmt: skip
-    p.add_argument("--seeds", default="0,1,2", help="training seeds (rollout.seed and learner.seed)")
+    p.add_argument(
+        "--seeds", default="0,1,2", help="training seeds (rollout.seed and learner.seed)"
+    )
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run"
+    )
     p.set_defaults(func=cmd_ablate)

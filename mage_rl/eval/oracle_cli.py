@@ -186,7 +186,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and 200); more iterations, tighter bounds, longer first run (then cached)",
     )
     p.add_argument(
-        "--episodes", type=int, default=2, help="showdown: K, the episodes of a meta-episode (default 2)"
+        "--episodes",
+        type=int,
+        default=2,
+        help="showdown: K, the episodes of a meta-episode (default 2)",
     )
     p.add_argument(
         "--gamma-traj", type=float, default=1.0,

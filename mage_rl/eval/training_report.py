@@ -21,6 +21,7 @@ from typing import Any
 
 from mage_rl.envs import game_rules
 from mage_rl.envs.rps import rps_values
+from mage_rl.envs.showdown_values import showdown_values
 from mage_rl.eval.bayes import bayes_last_hand
 from mage_rl.eval.decisions import (
     counts_by_episode,
@@ -57,6 +58,7 @@ ORACLE_COMMANDS = {
     "leduc_poker": "leduc",
     "liars_dice": "liars_dice",
     "rock_paper_scissors": "rps",
+    "showdown": "showdown",
 }
 """The games with exact reference values, and the ``mage oracle`` argument of each."""
 
@@ -80,6 +82,13 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
         if cfg.meta.episodes >= 2:
             values["bayes_last_hand"] = rps.bayes_last
         return {seat: dict(values) for seat in SEATS}  # the game is the same from each seat
+    if cfg.env.name == "showdown":
+        weights = dict(zip(population.specs, population.weights, strict=True))
+        sd = showdown_values(weights, cfg.meta.episodes)
+        values = {"best_fixed": sd.best_fixed, "ceiling": sd.ceiling}
+        if cfg.meta.episodes >= 2:  # the Bayes-optimal last episode of the final objective
+            values["bayes_last_hand"] = sd.objectives["final"].last
+        return {seat: dict(values) for seat in SEATS}
     if cfg.env.name != "kuhn_poker":
         values = exploitation_values(cfg.env.name, population)  # no Nash: not reported
         return {

@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,9 +46,14 @@ def test_a_bet_is_scored_and_shown() -> None:
 
 
 def test_the_bettor_seat_is_refused() -> None:
-    env = make_env("showdown", "showdown:honest", seat=0)
-    with pytest.raises(ValueError, match="env.seat: second"):
-        _ = env.task_description
+    from mage_rl.config import TrainConfig, load_config
+
+    config = Path(__file__).parents[2] / "configs" / "showdown_smollm2.yaml"
+    with pytest.raises(ValueError, match="plays seat second only"):
+        load_config(config, ["env.seat=first"], TrainConfig)
+    with pytest.raises(ValueError, match="plays seat second only"):
+        load_config(config, ["env.seat=sampled"], TrainConfig)
+    assert load_config(config, [], TrainConfig).env.seat == "second"
 
 
 def test_bluff_rates_are_drawn_from_the_episode_seed() -> None:
@@ -60,10 +66,15 @@ def test_bluff_rates_are_drawn_from_the_episode_seed() -> None:
     again = make_env("showdown", "showdown:bluffer:0.8", seat=1)
     again.reset(7)
     env.reset(7)
-    assert env.step("<action>CALL</action>").info.payoff == again.step("<action>CALL</action>").info.payoff
+    assert (
+        env.step("<action>CALL</action>").info.payoff
+        == again.step("<action>CALL</action>").info.payoff
+    )
 
 
-@pytest.mark.parametrize("spec", ["showdown:bluffer:1.5", "showdown:bluffer:x", "showdown:liar", "kuhn:cfr"])
+@pytest.mark.parametrize(
+    "spec", ["showdown:bluffer:1.5", "showdown:bluffer:x", "showdown:liar", "kuhn:cfr"]
+)
 def test_bad_opponents_are_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         bluff_rate(spec)
@@ -124,7 +135,7 @@ def _paths(population: dict[str, float], episodes: int):
 def _play(policy, hands, loss, start=()) -> list[float]:
     """Per-episode payoffs of a policy from history ``start`` along ``hands``."""
     history, payoffs = tuple(start), []
-    for hand in hands[len(start):]:
+    for hand in hands[len(start) :]:
         if policy[history] == "CALL":
             payoffs.append(1.0 if hand == "W" else -loss)
             history += (hand,)
@@ -195,7 +206,9 @@ def test_exact_values_match_brute_force(population, episodes, loss) -> None:
         brute = _brute_objective(population, episodes, objective, loss)
         plan = values.objectives[objective]
         weights = objective_weights(objective)(0, episodes)
-        assert np.dot(weights, plan.episode_values) == pytest.approx(np.dot(weights, brute), abs=1e-9)
+        assert np.dot(weights, plan.episode_values) == pytest.approx(
+            np.dot(weights, brute), abs=1e-9
+        )
     for mode in CREDIT_MODES:
         for gamma in (1.0, 0.6):
             fn = credit_weights(mode, gamma)

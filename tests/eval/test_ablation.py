@@ -26,7 +26,9 @@ TINY = [
 
 
 def test_variants_are_every_combination_first_named_first() -> None:
-    variants = parse_vary(["returns.mode=differential,single_episode", "advantages.anchor=global,local"])
+    variants = parse_vary(
+        ["returns.mode=differential,single_episode", "advantages.anchor=global,local"]
+    )
     assert [v.name for v in variants][:2] == [
         "returns.mode=differential, advantages.anchor=global",
         "returns.mode=differential, advantages.anchor=local",
@@ -45,7 +47,7 @@ def test_variants_are_every_combination_first_named_first() -> None:
 def test_intervals_stay_in_range_and_never_collapse() -> None:
     flat = bounded_mean_interval([0.0] * 50, -1.5, 1.0)
     assert flat.mean == 0.0 and flat.low < 0.0 < flat.high
-    assert -1.5 <= flat.low and flat.high <= 1.0
+    assert flat.low >= -1.5 and flat.high <= 1.0
     near_top = bounded_mean_interval([1.0] * 19 + [0.0], -1.0, 1.0)
     assert near_top.high == 1.0 and near_top.low < near_top.mean
     assert bounded_mean_interval([1.0] * 5, None, None).low == 1.0  # no bounds: plain t
@@ -73,7 +75,8 @@ def test_ablate_runs_every_variant_and_seed(tmp_path: Path) -> None:
     doc = json.loads((out / "ablation.json").read_text())
     assert doc["provenance"]["command"].startswith("mage ablate")
     assert [v["name"] for v in doc["variants"]] == [
-        "returns.mode=differential", "returns.mode=single_episode"
+        "returns.mode=differential",
+        "returns.mode=single_episode",
     ]
     assert doc["variants"][1]["implied"] == ["returns.reward_to_go=false"]
     for variant in doc["variants"]:
