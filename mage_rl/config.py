@@ -224,8 +224,9 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from mage_rl.envs import POPULATION_PRESETS, Population, canonical_game, env_spec
+        from mage_rl.envs import POPULATION_PRESETS, Population, canonical_game
         from mage_rl.envs.opponents import WeightError
+        from mage_rl.envs.registry import seat_problem
         from mage_rl.graphs import AGENT_GRAPHS
 
         self.env.name = canonical_game(self.env.name)
@@ -246,21 +247,9 @@ class RunConfig(_Strict):
                     f"env.population has {spec!r}, which does not play env.name="
                     f"{self.env.name!r}; use opponents of {self.env.name}"
                 )
-        if env_spec(self.env.name).single_agent and self.env.seat not in ("first", "0"):
-            raise ValueError(
-                f"env.name={self.env.name} is a single-agent task with one seat, but env.seat="
-                f"{self.env.seat!r}; set env.seat: first"
-            )
-        rules = env_spec(self.env.name).rules
-        agent_seats = tuple(getattr(rules, "agent_seats", (0, 1)))
-        if agent_seats != (0, 1) and self.env.seat not in [
-            name for i in agent_seats for name in (("first", "0"), ("second", "1"))[i]
-        ]:
-            where = " or ".join(("first", "second")[i] for i in agent_seats)
-            raise ValueError(
-                f"env.name={self.env.name}: the agent plays seat {where} only, but env.seat="
-                f"{self.env.seat!r}; set env.seat: {where}"
-            )
+        problem = seat_problem(self.env.name, self.env.seat)
+        if problem:
+            raise ValueError(problem)
         if (
             self.meta.layout == "conversation"
             and self.meta.context == "none"

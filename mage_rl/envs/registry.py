@@ -47,6 +47,7 @@ __all__ = [
     "env_spec",
     "make_env",
     "register_env",
+    "seat_problem",
 ]
 
 
@@ -125,6 +126,29 @@ def register_env(
     if rules is not None and seats == 2:
         register_llm_opponent(name)  # GAME:llm:RUN_OR_MODEL (mage_rl.envs.llm_opponent)
     return registered
+
+
+def seat_problem(name: str, seat: str) -> str | None:
+    """Why ``env.seat`` cannot be played in environment ``name``, or ``None``.
+
+    A single-agent task has seat ``first`` only; a game whose rules name their
+    ``agent_seats`` (the showdown's answerer) allows those only.
+    """
+    spec = env_spec(name)
+    names = {0: ("first", "0"), 1: ("second", "1")}
+    allowed = (0,) if spec.single_agent else tuple(getattr(spec.rules, "agent_seats", (0, 1)))
+    if allowed == (0, 1) or any(seat in names[i] for i in allowed):
+        return None
+    where = " or ".join(names[i][0] for i in allowed)
+    if spec.single_agent:
+        return (
+            f"env.name={spec.name} is a single-agent task with one seat, but env.seat="
+            f"{seat!r}; set env.seat: first"
+        )
+    return (
+        f"env.name={spec.name}: the agent plays seat {where} only, but env.seat={seat!r}; "
+        f"set env.seat: {where}"
+    )
 
 
 def make_env(

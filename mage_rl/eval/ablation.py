@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mage_rl.eval.stats import Estimate, mean_interval, wilson_interval
+from mage_rl.eval.stats import Estimate, bounded, mean_interval, wilson_interval
 
 PROBES: dict[str, Callable[[dict[str, Any]], bool]] = {
     # A showdown call is the probe: a fold shows nothing (a draw), a call wins or loses.
@@ -125,35 +125,9 @@ def parse_seeds(text: str) -> list[int]:
 def bounded_mean_interval(
     values: Sequence[float], low: float | None, high: float | None, level: float = 0.95
 ) -> Estimate:
-    """A t interval for a mean, kept inside ``[low, high]``, the range of one value.
-
-    When every value is the same the t interval is a point, which claims a certainty that
-    n draws cannot give; the interval is then Wilson's for the share ``(x - low) /
-    (high - low)``, mapped back. Without bounds it is the plain t interval.
-    """
-    est = mean_interval(values, level)
-    if est.mean is None or est.low is None or low is None or high is None or high <= low:
-        return est
-    if est.high - est.low <= 1e-12:
-        share = (est.mean - low) / (high - low)
-        successes = round(share * est.n)
-        w = wilson_interval(successes, est.n, level)
-        assert w.low is not None and w.high is not None
-        return Estimate(est.mean, low + w.low * (high - low), low + w.high * (high - low), est.n)
-    return Estimate(est.mean, max(low, est.low), min(high, est.high), est.n)
-
-
-def payoff_range(env_name: str) -> tuple[float | None, float | None]:
-    """The smallest and largest payoff of one episode, from the OpenSpiel game."""
-    import pyspiel
-
-    from mage_rl.envs import env_spec
-
-    rules = env_spec(env_name).rules
-    if rules is None:
-        return None, None
-    game = pyspiel.load_game(rules.game_name)
-    return float(game.min_utility()), float(game.max_utility())
+    """A t interval for a mean, kept inside ``[low, high]`` and never a point
+    (:func:`~mage_rl.eval.stats.bounded`)."""
+    return bounded(mean_interval(values, level), low, high, level)
 
 
 def final_eval_file(run_dir: Path) -> Path | None:

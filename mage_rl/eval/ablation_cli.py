@@ -26,6 +26,7 @@ def run_ablation(
         ValueError: A bad ``--vary`` or ``--seeds``, or a config the overrides break.
     """
     from mage_rl.config import load_config
+
     started = time.time()
     variants = ab.parse_vary(vary)
     seeds = ab.parse_seeds(seeds_text)

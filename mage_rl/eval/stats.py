@@ -150,3 +150,23 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
     half = t_quantile(level, n - 1) * math.sqrt(var / n)
     return Estimate(mean, mean - half, mean + half, n)
+
+
+def bounded(est: Estimate, low: float | None, high: float | None, level: float = 0.95) -> Estimate:
+    """``est`` with its interval kept inside ``[low, high]``, the range of one value.
+
+    An interval of zero width (every value the same, or every stratum constant) claims a
+    certainty that ``n`` draws cannot give; it becomes Wilson's interval for the share
+    ``(mean - low) / (high - low)`` of ``n`` draws, mapped back to the range. Without
+    bounds, or without an interval, ``est`` is returned as it is.
+    """
+    if est.mean is None or est.low is None or est.high is None or low is None or high is None:
+        return est
+    if high <= low:
+        return est
+    if est.high - est.low <= 1e-12 * max(1.0, abs(est.mean)):
+        share = min(1.0, max(0.0, (est.mean - low) / (high - low)))
+        w = wilson_interval(round(share * est.n), est.n, level)
+        assert w.low is not None and w.high is not None
+        return Estimate(est.mean, low + w.low * (high - low), low + w.high * (high - low), est.n)
+    return Estimate(est.mean, max(low, est.low), min(high, est.high), est.n)

@@ -30,10 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.envs import make_env
+import pyspiel
+
+from mage_rl.envs import env_spec, make_env
 from mage_rl.envs.base import episode_seed
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.stats import Estimate, t_quantile
+from mage_rl.eval.stats import Estimate, bounded, t_quantile
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
@@ -175,13 +177,20 @@ def _all_first_deals(game: Any, seat: int) -> list[tuple[int, ...]]:
 
 
 def stratified_mean(
-    values: Sequence[float], strata: Sequence[str], weights: dict[str, float], level: float = 0.95
+    values: Sequence[float],
+    strata: Sequence[str],
+    weights: dict[str, float],
+    level: float = 0.95,
+    bounds: tuple[float | None, float | None] = (None, None),
 ) -> Estimate:
     """The stratified mean of ``values`` and its Student-t interval.
 
     Strata without values are left out and the others' weights renormalised (say, when
     an estimate is restricted to one seat). A stratum with one value has no spread of
-    its own; it then borrows the pooled within-stratum variance.
+    its own; it then borrows the pooled within-stratum variance. With ``bounds`` (the
+    range of one value) the interval stays inside them, and one of zero width (every
+    stratum constant) becomes Wilson's for the share of the range
+    (:func:`~mage_rl.eval.stats.bounded`).
     """
     groups: dict[str, list[float]] = defaultdict(list)
     for value, key in zip(values, strata, strict=True):
@@ -203,7 +212,17 @@ def stratified_mean(
     if dof <= 0:
         return Estimate(mean, None, None, n)
     half = t_quantile(level, dof) * math.sqrt(var)
-    return Estimate(mean, mean - half, mean + half, n)
+    return bounded(Estimate(mean, mean - half, mean + half, n), *bounds, level=level)
+
+
+def payoff_range(env_name: str) -> tuple[float | None, float | None]:
+    """The smallest and largest payoff of one episode of an OpenSpiel game (its
+    utilities), or ``(None, None)`` for a task without a game."""
+    rules = env_spec(env_name).rules
+    if rules is None:
+        return None, None
+    game = pyspiel.load_game(rules.game_name)
+    return float(game.min_utility()), float(game.max_utility())
 
 
 def stratified_ev(
@@ -211,8 +230,10 @@ def stratified_ev(
     design: StratifiedDesign,
     num_episodes: int,
     level: float = 0.95,
+    bounds: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Any]:
-    """Stratified ev@k (k = 1..K), overall and per seat, as ``Estimate`` dicts.
+    """Stratified ev@k (k = 1..K), overall and per seat, as ``Estimate`` dicts, their
+    intervals inside ``bounds`` (the payoff range of one episode) when given.
 
     An episode without a chip payoff (abandoned after invalid answers) counts as 0 chips
     here, unlike plain ev@k, which leaves it out: a stratified mean needs every task.
@@ -225,7 +246,7 @@ def stratified_ev(
             values = [
                 float(r.episodes[k].payoff or 0.0) if len(r.episodes) > k else 0.0 for r in recs
             ]
-            out.append(stratified_mean(values, keys, design.weights, level).to_dict())
+            out.append(stratified_mean(values, keys, design.weights, level, bounds).to_dict())
         return out
 
     by_seat = {

@@ -26,6 +26,7 @@ from mage_rl.eval.metrics import summarize_records, summarize_with_intervals
 from mage_rl.eval.stratified import (
     StratifiedDesign,
     _all_first_deals,
+    payoff_range,
     stratified_ev,
     stratified_tasks,
 )
@@ -92,7 +93,7 @@ def summarize_eval(
     summary = summarize_records(records, k)
     summary["intervals"] = summarize_with_intervals(records, k)
     if design is not None:
-        summary["stratified"] = stratified_ev(records, design, k)
+        summary["stratified"] = stratified_ev(records, design, k, bounds=payoff_range(cfg.env.name))
     return summary
 
 
