@@ -60,11 +60,15 @@ class GameRules(ABC):
         agent_seats: The seats an agent may take in a config (a game where only one
             side makes a real choice, such as the showdown's answerer, names that one);
             the exploitability of the first episode needs both.
+        payoff_bounds: The smallest and largest payoff of one episode for the agent,
+            where they are narrower than the game's utilities (which span both seats);
+            intervals of payoffs are kept inside them.
     """
 
     game_name: str
     payoff_unit: str = "payoff per game"
     agent_seats: tuple[int, ...] = (0, 1)
+    payoff_bounds: tuple[float, float] | None = None
     invalid_penalty: float = 0.5
     length_penalty: float = 2.0
     default_max_turns: int = 8

@@ -152,6 +152,7 @@ class ShowdownRules(GameRules):
     length_penalty = 2.0
     default_max_turns = 2
     agent_seats = (ANSWER_SEAT,)
+    payoff_bounds = (-LOSS, 1.0)
 
     def task_description(self, seat: int) -> str:
         return (

@@ -9,6 +9,7 @@ from typing import Any
 
 from mage_rl.console import console, error
 from mage_rl.eval import ablation as ab
+from mage_rl.eval.stratified import payoff_range
 from mage_rl.provenance import write_results
 
 
@@ -34,7 +35,7 @@ def run_ablation(
         load_config(config, ab.variant_overrides(variant, sets))
     cfg = load_config(config, sets)
     k = cfg.meta.episodes
-    bounds = ab.payoff_range(cfg.env.name)
+    bounds = payoff_range(cfg.env.name)
     probe = ab.PROBES.get(cfg.env.name)
     doc: dict[str, Any] = {
         "config": config,

@@ -221,6 +221,8 @@ def payoff_range(env_name: str) -> tuple[float | None, float | None]:
     rules = env_spec(env_name).rules
     if rules is None:
         return None, None
+    if rules.payoff_bounds is not None:
+        return rules.payoff_bounds
     game = pyspiel.load_game(rules.game_name)
     return float(game.min_utility()), float(game.max_utility())
 
