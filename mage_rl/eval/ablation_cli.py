@@ -9,7 +9,6 @@ from typing import Any
 
 from mage_rl.console import console, error
 from mage_rl.eval import ablation as ab
-from mage_rl.eval.stratified import payoff_range
 from mage_rl.provenance import write_results
 
 
@@ -27,6 +26,7 @@ def run_ablation(
         ValueError: A bad ``--vary`` or ``--seeds``, or a config the overrides break.
     """
     from mage_rl.config import load_config
+    from mage_rl.eval.stratified import payoff_range  # loads the games: not behind --help
 
     started = time.time()
     variants = ab.parse_vary(vary)
