@@ -100,9 +100,8 @@ def run_ablation(
         v["name"]: sum(bool(r.get("verdict", {}).get("apart")) for r in v["seeds"].values())
         for v in doc["variants"][1:]
     }
-    write_results(
-        out / "ablation.json", ab._finite(doc), started=started, argv=["mage", *(argv or [])]
-    )
+    doc = ab._finite(doc)  # write_results adds the stamp that ablation.md shows
+    write_results(out / "ablation.json", doc, started=started, argv=["mage", *(argv or [])])
     (out / "ablation.md").write_text(ab.markdown(doc))
     ab.plot(doc, out / "ablation.png")
     return doc

@@ -88,7 +88,8 @@ def test_ablate_runs_every_variant_and_seed(tmp_path: Path) -> None:
     single = doc["variants"][1]["seeds"]["1"]
     assert single["verdict"]["tasks"] == 4 and single["verdict"]["verdict"]
     assert doc["references"]["optimum_last"]["final"] == pytest.approx(0.5)
-    assert "returns.mode=single_episode" in (out / "ablation.md").read_text()
+    md = (out / "ablation.md").read_text()
+    assert "returns.mode=single_episode" in md and doc["provenance"]["started_at"] in md
     assert (out / "ablation.png").stat().st_size > 0
     cfg = (out / "runs" / "mode-single_episode" / "seed1" / "config.yaml").read_text()
     assert "single_episode" in cfg and "reward_to_go: false" in cfg
