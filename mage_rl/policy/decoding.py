@@ -43,7 +43,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from mage_rl.policy.base import Generation
 from mage_rl.policy.constrained import allowed_next, is_complete, restricted_logprobs
 from mage_rl.policy.forced import complete_forced, take_forced
 from mage_rl.policy.prefill import (
@@ -57,6 +56,7 @@ from mage_rl.policy.prefill import (
 from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_row, sampling_logprobs
+from mage_rl.policy.static_decode import StaticDecoder
 from mage_rl.policy.tokenization import find_stop
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class RunningBatch:
             up reusable prefixes; ``None`` prefills every prompt whole.
         prefill_tokens: Most tokens prefilled in one forward pass; a longer prompt is
             prefilled in chunks of this size, one per step.
+        static_decode: ``"off"`` (a growing cache), ``"eager"`` or ``"graphs"`` (fixed
+            buffers, CUDA graphs; :mod:`~mage_rl.policy.static_decode`); full attention only.
 
     Attributes:
         rows: The requests being decoded, one per cache row.
@@ -92,9 +94,12 @@ class RunningBatch:
         stats: DecodeStats,
         prefix_cache: PrefixCache | None = None,
         prefill_tokens: int = 512,
+        static_decode: str = "off",
     ) -> None:
         if prefill_tokens < 1:
             raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+        if static_decode not in ("off", "eager", "graphs"):
+            raise ValueError(f"static_decode must be off, eager or graphs, not {static_decode!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -107,6 +112,11 @@ class RunningBatch:
         # reused, nor built up chunk by chunk.
         self.prefix_cache = prefix_cache if self.mergeable else None
         self.prefill_tokens = prefill_tokens if self.mergeable else 1 << 62
+        self.static = (
+            StaticDecoder(model, stats, graphs=static_decode == "graphs")
+            if static_decode != "off" and self.mergeable
+            else None
+        )
         self.queued: deque[DecodeRequest] = deque()
         self._reset()
 
@@ -399,15 +409,17 @@ class RunningBatch:
 
     def _decode(self, tokens: torch.Tensor) -> None:
         """One forward pass over ``(B, 1)``: each row's last token, giving its next logits."""
-        ones = self.mask.new_ones((len(self.rows), 1))
-        self.mask = torch.cat([self.mask, ones], dim=-1)  # (B, L + 1)
-        self.logits = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=self.mask,
-            position_ids=self.next_position[:, None],
-            past_key_values=self.cache,
-            use_cache=True,
-        ).logits[:, -1, :]  # (B, V)
+        grown = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)
+        if self.static is not None:
+            assert self.cache is not None
+            self.logits = self.static.forward(self.cache, self.mask, tokens, self.next_position)
+        else:
+            self.logits = self.model(
+                input_ids=tokens[:, None], attention_mask=grown,
+                position_ids=self.next_position[:, None], past_key_values=self.cache,
+                use_cache=True,
+            ).logits[:, -1, :]  # (B, V)  # fmt: skip
+        self.mask = grown  # (B, L + 1)
         self.next_position = self.next_position + 1
         self.stats.forward_passes += 1
 
@@ -450,7 +462,7 @@ class RunningBatch:
                 request.on_token(token, 0.0, [(token, 0.0)][: request.top_logprobs])
         if not is_complete(request.candidates, request.response_ids):
             return False
-        _answer(request, "stop", _decode(self.tokenizer, request.response_ids))
+        request.finish("stop", _decode(self.tokenizer, request.response_ids))
         return True
 
     def _advance(self, request: DecodeRequest, token: int, logprob: float) -> bool:
@@ -478,21 +490,8 @@ class RunningBatch:
             return False
         if text is None:
             text = _decode(self.tokenizer, request.response_ids)
-        _answer(request, finish_reason, text)
+        request.finish(finish_reason, text)
         return True
-
-
-def _answer(request: DecodeRequest, finish_reason: str, text: str) -> None:
-    request.resolve(
-        Generation(
-            text=text,
-            prompt_ids=list(request.prompt_ids),
-            response_ids=list(request.response_ids),
-            logprobs=list(request.logprobs),
-            finish_reason=finish_reason,
-            allowed=[list(ids) for ids in request.allowed],
-        )
-    )
 
 
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

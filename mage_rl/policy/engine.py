@@ -43,7 +43,6 @@ the same output almost always.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import random
@@ -55,12 +54,13 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mage_rl.policy.asyncutil import run_sync
+from mage_rl.policy.asyncutil import run_sync, settle_threadsafe, threadsafe_callback
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.constrained import choice_token_ids
 from mage_rl.policy.decoding import RunningBatch
 from mage_rl.policy.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
+from mage_rl.policy.static_decode import resolve_static_decode
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
 from mage_rl.policy.tokenization import render_prompt
 from mage_rl.policy.weights import load_weights
@@ -107,6 +107,9 @@ class LocalEngine:
             prompt is prefilled in chunks, with a decode step of the running requests
             between two chunks, so they keep streaming; smaller chunks mean smoother
             latency for them and more passes for the long prompt.
+        static_decode: Decode steps over a cache grown a column a step (``"off"``), over
+            preallocated buffers (``"eager"``), or over those replayed as CUDA graphs
+            (``"graphs"``; :mod:`~mage_rl.policy.static_decode`); ``"auto"``: graphs on CUDA.
 
     Attributes:
         model: The model being sampled from; the learner may read it.
@@ -130,6 +133,7 @@ class LocalEngine:
         prefix_cache_mb: float = 1024,
         prefill_tokens: int = 512,
         prefix_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        static_decode: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -165,6 +169,7 @@ class LocalEngine:
         )
         self.prefill_tokens = prefill_tokens
         self._device = next(model.parameters()).device
+        self.static_decode = resolve_static_decode(static_decode, self._device)
         self._seeds = random.Random(seed)
         self._seed_lock = threading.Lock()
         # Weight updates and busy periods exclude each other (see the module docstring).
@@ -252,9 +257,9 @@ class LocalEngine:
             generator=self._generator(params.seed),
             max_new_tokens=max_new,
             candidates=candidates,
-            resolve=lambda outcome: _settle_threadsafe(loop, future, outcome),
+            resolve=lambda outcome: settle_threadsafe(loop, future, outcome),
             cancelled=future.cancelled,
-            on_token=_threadsafe_callback(loop, on_token) if on_token else None,
+            on_token=threadsafe_callback(loop, on_token) if on_token else None,
             top_logprobs=top_logprobs,
             ignore_eos=ignore_eos,
         )
@@ -357,6 +362,7 @@ class LocalEngine:
         batch = RunningBatch(
             self.model, self.tokenizer, pad_id=self.pad_id, eos_ids=self.eos_ids,
             stats=self.stats, prefix_cache=self.prefix_cache, prefill_tokens=self.prefill_tokens,
+            static_decode=self.static_decode,
         )  # fmt: skip
         waiting: deque[DecodeRequest] = deque()
         try:
@@ -462,36 +468,3 @@ class LocalEngine:
                 return
             if isinstance(item, DecodeRequest):
                 item.resolve(EngineClosedError(f"engine {self.name!r} closed before answering"))
-
-
-def _threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:
-    """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
-
-    def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:
-        # RuntimeError: the loop closed, so nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(callback, token, logprob, top)
-
-    return call
-
-
-def _settle_threadsafe(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Generation],
-    outcome: Generation | BaseException,
-) -> None:
-    """Hand ``outcome`` to ``future`` from the worker thread."""
-    try:
-        loop.call_soon_threadsafe(_settle, future, outcome)
-    except RuntimeError:  # the loop closed; nobody is waiting any more
-        logger.debug("dropping a response for a closed event loop")
-
-
-def _settle(future: asyncio.Future[Generation], outcome: Generation | BaseException) -> None:
-    """Resolve ``future`` on its loop's thread, once; later outcomes are ignored."""
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)

@@ -60,6 +60,16 @@ class DecodeRequest:
     looked_up: bool = False
     _text_len: int = 0
 
+    def finish(self, finish_reason: str, text: str) -> None:
+        """Resolve with the :class:`Generation` made of what was sampled."""
+        self.resolve(
+            Generation(
+                text=text, prompt_ids=list(self.prompt_ids),
+                response_ids=list(self.response_ids), logprobs=list(self.logprobs),
+                finish_reason=finish_reason, allowed=[list(ids) for ids in self.allowed],
+            )
+        )  # fmt: skip
+
 
 @dataclass
 class DecodeStats:
@@ -83,6 +93,12 @@ class DecodeStats:
         cancelled: Requests dropped because nobody waited for them any more.
         failed: Requests ended by an error.
         compute_seconds: Wall time spent prefilling and decoding.
+        static_copies: Times the running batch's cache was copied into the static
+            decoder's buffers (a new batch, rows that left or joined, room to grow;
+            :mod:`~mage_rl.policy.static_decode`).
+        graph_captures: CUDA graphs of the decode step recorded.
+        graph_steps: Decode steps replayed from a CUDA graph.
+        graph_failures: Captures that failed (the decoder then runs eagerly).
     """
 
     batches: int = 0
@@ -97,6 +113,10 @@ class DecodeStats:
     cancelled: int = 0
     failed: int = 0
     compute_seconds: float = 0.0
+    static_copies: int = 0
+    graph_captures: int = 0
+    graph_steps: int = 0
+    graph_failures: int = 0
 
     @property
     def mean_batch(self) -> float:
