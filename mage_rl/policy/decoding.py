@@ -20,12 +20,11 @@ Everything here runs on the engine's worker thread and never touches an event lo
    strings and the length limit, answer the rows that ended (and store their sequence
    in the prefix cache: a conversation's next call continues it), drop them with their
    cache rows (and the leading cache columns no remaining row attends to), and run ONE
-   forward pass over ``(B, 1)`` for the rest. A cancelled request (nobody waits for it
-   any more) leaves before the next sample.
-4. Isolation: sampling, the per-token callback and the end checks run per row; an
-   exception there settles only its own request. A forward pass covers all its rows, so
-   its failure fails them all (there is no partial result to keep); a failed prefill
-   fails only the newcomers in it.
+   forward pass over ``(B, 1)`` for the rest (on a GPU, a CUDA graph replayed over
+   fixed buffers: :mod:`mage_rl.policy.static_decode`). A cancelled request leaves
+   before the next sample.
+4. Isolation: a row's sampling, callback and end checks failing settle only its own
+   request; a failed forward pass fails its rows (no partial result to keep).
 
 Merging needs full-attention cache layers (``DynamicLayer``); for a model with sliding
 window layers :attr:`RunningBatch.mergeable` is False: newcomers wait until the batch is
@@ -55,7 +54,7 @@ from mage_rl.policy.prefill import (
 )
 from mage_rl.policy.prefix_cache import PrefixCache
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
-from mage_rl.policy.sampling import draw_row, sampling_logprobs
+from mage_rl.policy.sampling import draw_rows, sampling_logprobs
 from mage_rl.policy.static_decode import StaticDecoder
 from mage_rl.policy.tokenization import find_stop
 
@@ -347,12 +346,9 @@ class RunningBatch:
             self.mask = self.mask[:, first:]
 
     def _sample(self) -> tuple[dict[int, tuple[int, float]], torch.Tensor]:
-        """Draw a token per row; a row whose sampling fails is answered with the error.
-
-        Returns:
-            ``{row: (token, logprob)}`` for the rows that drew, and the ``(B, V)``
-            log-probs they were drawn from.
-        """
+        """Draw a token per row (a constrained row from its restricted distribution); a
+        row whose sampling fails is answered with the error. Returns ``{row: (token,
+        logprob)}`` for the rows that drew and the ``(B, V)`` log-probs they drew from."""
         assert self.logits is not None
         logits = self.logits
         failed: set[int] = set()
@@ -369,24 +365,28 @@ class RunningBatch:
                     failed.add(i)
                 else:
                     logp[i : i + 1] = row
+        rows = [i for i, r in enumerate(self.rows) if i not in failed
+                and self._isolated(r, self._restrict, i, logp, failed=False) is not False]  # fmt: skip
+        outcomes = draw_rows(
+            logp[rows], [self.rows[i].params.temperature == 0 for i in rows],
+            [self.rows[i].generator for i in rows],
+        )  # fmt: skip
         drawn: dict[int, tuple[int, float]] = {}
-        for i, request in enumerate(self.rows):
-            if i in failed:
-                continue
-            token = self._isolated(request, self._draw, i, logp, failed=None)
-            if token is not None:
-                drawn[i] = (token, float(logp[i, token]))
+        for i, outcome in zip(rows, outcomes, strict=True):
+            if isinstance(outcome, ValueError):
+                self._fail(self.rows[i], outcome)
+            else:
+                drawn[i] = outcome
         return drawn, logp
 
-    def _draw(self, i: int, logp: torch.Tensor) -> int:
-        """Draw row ``i``'s token; a constrained row first gets its restricted distribution."""
+    def _restrict(self, i: int, logp: torch.Tensor) -> None:
+        """A constrained row's distribution: only tokens that continue an allowed choice."""
         assert self.logits is not None
         request, sp = self.rows[i], self.rows[i].params  # sp: its sampling params
         if request.candidates is not None:
             allowed = allowed_next(request.candidates, request.response_ids)
             logp[i] = restricted_logprobs(self.logits[i], sp.temperature, allowed, sp.explore)
             request.allowed.append(allowed)
-        return draw_row(logp[i], sp.temperature == 0, request.generator)
 
     def _report(self, drawn: dict[int, tuple[int, float]], logp: torch.Tensor) -> None:
         """Hand each drawn token, with its top alternatives when asked, to ``on_token``."""
