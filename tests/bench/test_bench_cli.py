@@ -60,6 +60,7 @@ DEFAULTS = {
         samples=16, prompt_len=300, response_len=40, kl_coef=0.1, micro_batch_tokens=8192,
         repeats=2, batch_sizes="1,16,64", decode_tokens=32, rounds=1, matmul_size=0,
         copy_mib=0, gradient_checkpointing="auto", tokenizer=None, profile=False,
+        static_decode=None,
     ),
     "learning": dict(
         config="configs/rps_smollm2.yaml", probes="all", seeds="0", iterations=None,
