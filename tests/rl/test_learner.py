@@ -393,7 +393,9 @@ def bf16_learner(checkpointing: bool) -> Learner:
     config = LearnerConfig(dtype="bf16", kl_coef=0.0, micro_batch_tokens=48, lr=1e-3)
     learner = Learner(make_model(), config)
     if checkpointing:  # Hugging Face recomputes layers in training mode only
-        learner.model.activation_checkpointing_enable({"use_reentrant": False})
+        model = learner.model  # transformers before 5.20 has only the old name
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
         learner.model.train()
     return learner
 
