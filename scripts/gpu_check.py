@@ -321,8 +321,6 @@ def _headline(path: Path) -> dict:
     else:
         head.update(learner_tokens_per_s=learner["tokens_per_s"], learner_share=learner["share"],
                     learner_peak_gib=learner.get("peak_memory_gib"))  # fmt: skip
-        if "cast_once_speedup" in learner:
-            head["learner_cast_once_speedup"] = learner["cast_once_speedup"]
     if "error" in engine:
         head["engine_error"] = engine["error"]
     else:

@@ -58,7 +58,6 @@ the model's states would not fit, and gradient checkpointing is on from 1 B para
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import resource
@@ -317,13 +316,6 @@ def _learner_phase(
     batch = on_policy_batch(learner, ids)
     tokens = sum(s.length for s in batch)
     timed = time_updates(learner, batch, repeats, sync)
-    if cuda and learner.autocast_dtype is not None:
-        # The same updates with each micro-batch casting the weights again (the learner
-        # before it kept one cast per optimizer step): what that saves, in this run.
-        learner._cast_once = contextlib.nullcontext
-        timed["recast_update_s"] = time_updates(learner, batch, repeats, sync)["update_s"]
-        del learner._cast_once
-        timed["cast_once_speedup"] = timed["recast_update_s"] / timed["update_s"]
     flops = update_flops(shape, samples, prompt_len, response_len, kl_coef > 0)
     update_s = timed["update_s"]
     peak_flops = peak["matmul_flops_per_s"]
@@ -394,13 +386,7 @@ def format_hardware_report(result: dict[str, Any]) -> str:
             f"{f', peak {memory:.1f} GiB' if memory else ''}): "
             f"{learner['tokens_per_s']:.0f} tokens/s, {learner['update_s']:.2f} s/update, "
             f"{learner['flops_per_s'] / 1e9:.0f} GFLOP/s = {learner['share']:.0%} of the "
-            f"matmul peak ({learner['share_6n']:.0%} counting 6 x parameters + attention)"
-            + (
-                f"; casting weights per micro-batch instead of once per step: "
-                f"{learner['recast_update_s']:.2f} s/update ({learner['cast_once_speedup']:.2f}x)"
-                if "recast_update_s" in learner
-                else ""
-            ),
+            f"matmul peak ({learner['share_6n']:.0%} counting 6 x parameters + attention)",
             *(f"  note: {n}" for n in learner.get("notes", [])),
         ]
     engine = result.get("engine", {})

@@ -28,11 +28,7 @@ One call to :meth:`Learner.update`:
 
 The policy runs in eval mode (dropout off), so that on fresh on-policy samples the ratio
 is exactly 1 up to numerics. Master weights stay in float32; ``dtype="bf16"`` only
-autocasts the forward pass. An outer autocast region, switched off, spans all
-micro-batches of a mini-batch (and of a rescoring pass): autocast keeps each weight's
-bf16 copy until its outermost region ends, so a weight is cast once per optimizer step
-instead of once per micro-batch, forward and recomputation alike; the values, and
-everything outside the forward passes, stay as they were.
+autocasts the forward pass.
 """
 
 from __future__ import annotations
@@ -131,12 +127,6 @@ class Learner(LearnerCheckpoints):
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
-    def _cast_once(self) -> Any:
-        """A region, autocast off, within which the forward passes' weight casts are kept."""
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=False)
 
     # ---- forward -------------------------------------------------------------------
 
@@ -243,15 +233,14 @@ class Learner(LearnerCheckpoints):
         out: list[list[float]] = [[] for _ in items]
         nonempty = [i for i, s in enumerate(items) if s.num_response_tokens]
         lengths = [items[i].length for i in nonempty]
-        with self._cast_once():
-            for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
-                chosen = [nonempty[g] for g in group]
-                # Only the ids matter here; zero log-probs and advantages fill the batch.
-                batch = collate([items[i].ids_only() for i in chosen]).to(self.device)
-                logits = self._response_logits(self.model, batch, temp)
-                logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
-                for row, i in enumerate(chosen):
-                    out[i] = logp[row, : items[i].num_response_tokens].tolist()
+        for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
+            chosen = [nonempty[g] for g in group]
+            # Only the ids matter here; zero log-probs and advantages fill the batch.
+            batch = collate([items[i].ids_only() for i in chosen]).to(self.device)
+            logits = self._response_logits(self.model, batch, temp)
+            logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
+            for row, i in enumerate(chosen):
+                out[i] = logp[row, : items[i].num_response_tokens].tolist()
         return out
 
     def accumulate_gradients(
@@ -299,54 +288,51 @@ class Learner(LearnerCheckpoints):
         temp = cfg.temperature if temperature is None else temperature
         stats: dict[str, float] = defaultdict(float)
         refreshed: list[list[float]] = [[] for _ in items]
-        with self._cast_once():
-            for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
-                batch = collate([items[i] for i in group]).to(self.device)
-                logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
-                logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
-                old = batch.old_logprobs
-                if refresh_old is not None:
-                    old = mix_logprobs(logp.detach(), batch.allowed_index, refresh_old)
-                    for row, i in enumerate(group):
-                        refreshed[i] = old[row, : items[i].num_response_tokens].tolist()
-                pg_loss, pg_stats = policy_loss(
-                    logp, old, batch.advantages, batch.mask, cfg.clip_eps, total
+        for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
+            batch = collate([items[i] for i in group]).to(self.device)
+            logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
+            logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
+            old = batch.old_logprobs
+            if refresh_old is not None:
+                old = mix_logprobs(logp.detach(), batch.allowed_index, refresh_old)
+                for row, i in enumerate(group):
+                    refreshed[i] = old[row, : items[i].num_response_tokens].tolist()
+            pg_loss, pg_stats = policy_loss(
+                logp, old, batch.advantages, batch.mask, cfg.clip_eps, total
+            )
+            loss = pg_loss
+            if self.entropy_coef > 0:
+                entropy = token_mean(
+                    entropy_from_logits(logits, batch.allowed_index), batch.mask, total
                 )
-                loss = pg_loss
-                if self.entropy_coef > 0:
+                loss = loss - self.entropy_coef * entropy
+                entropy = entropy.detach()
+            else:
+                with torch.no_grad():
                     entropy = token_mean(
-                        entropy_from_logits(logits, batch.allowed_index), batch.mask, total
+                        entropy_from_logits(logits.detach(), batch.allowed_index), batch.mask, total
                     )
-                    loss = loss - self.entropy_coef * entropy
-                    entropy = entropy.detach()
-                else:
-                    with torch.no_grad():
-                        entropy = token_mean(
-                            entropy_from_logits(logits.detach(), batch.allowed_index),
-                            batch.mask,
-                            total,
-                        )
-                if cfg.kl_coef > 0:
-                    ref_logp = self._reference_logprobs(batch, temp)
-                    kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
-                    loss = loss + cfg.kl_coef * kl
-                    stats["kl"] += kl.item()
-                for name in cfg.loss_terms:  # registered extra terms (mage_rl.rl.loss_terms)
-                    term = LOSS_TERMS.get(name)(LossInputs(logits, logp, old,
-                        batch.advantages, batch.mask, batch.allowed_index, total))  # fmt: skip
-                    loss = loss + term
-                    stats[f"term/{name}"] += term.item()
-                loss.backward()
-                free = batch.mask
-                if batch.allowed_index is not None:
-                    forced = (batch.allowed_index >= 0).sum(-1) == 1  # (B, R)
-                    free = free * (~forced).to(free.dtype)
-                stats["free_frac"] += float(free.sum()) / total
-                stats["loss"] += loss.item()
-                stats["pg_loss"] += pg_loss.item()
-                stats["entropy"] += entropy.item()
-                for name, value in pg_stats.items():
-                    stats[name] += value.item()
+            if cfg.kl_coef > 0:
+                ref_logp = self._reference_logprobs(batch, temp)
+                kl = token_mean(kl_penalty(logp, ref_logp, cfg.kl_kind), batch.mask, total)
+                loss = loss + cfg.kl_coef * kl
+                stats["kl"] += kl.item()
+            for name in cfg.loss_terms:  # registered extra terms (mage_rl.rl.loss_terms)
+                term = LOSS_TERMS.get(name)(LossInputs(logits, logp, old,
+                    batch.advantages, batch.mask, batch.allowed_index, total))  # fmt: skip
+                loss = loss + term
+                stats[f"term/{name}"] += term.item()
+            loss.backward()
+            free = batch.mask
+            if batch.allowed_index is not None:
+                forced = (batch.allowed_index >= 0).sum(-1) == 1  # (B, R)
+                free = free * (~forced).to(free.dtype)
+            stats["free_frac"] += float(free.sum()) / total
+            stats["loss"] += loss.item()
+            stats["pg_loss"] += pg_loss.item()
+            stats["entropy"] += entropy.item()
+            for name, value in pg_stats.items():
+                stats[name] += value.item()
         stats.setdefault("kl", 0.0)
         return dict(stats), refreshed
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from mage_rl.policy.models import cpu_supports_bf16
@@ -376,59 +374,3 @@ def test_bad_inputs_raise() -> None:
         LearnerConfig(mini_batch_size=0)
     with pytest.raises(ValueError, match="dtype"):
         LearnerConfig(dtype="fp16")  # type: ignore[arg-type]
-
-
-# -- bf16: each weight cast once per optimizer step, not once per micro-batch ----------
-
-
-def signed_samples() -> list[Sample]:
-    return [
-        Sample(prompt, response, [-1.0] * len(response), 1.0 if i % 2 else -0.5)
-        for i, (prompt, response) in enumerate(random_pairs(12))
-    ]
-
-
-def bf16_learner(checkpointing: bool) -> Learner:
-    # Small micro-batches: the mini-batch runs as several forward and backward passes.
-    config = LearnerConfig(dtype="bf16", kl_coef=0.0, micro_batch_tokens=48, lr=1e-3)
-    learner = Learner(make_model(), config)
-    if checkpointing:  # Hugging Face recomputes layers in training mode only
-        model = learner.model  # transformers before 5.20 has only the old name
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
-        learner.model.train()
-    return learner
-
-
-def autocast_casts(run) -> int:
-    """Calls of ``aten::_to_copy`` (what autocast's casts run) during ``run()``."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run()
-    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
-
-
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_weights_are_cast_once_per_step_and_the_gradient_is_unchanged(checkpointing) -> None:
-    once = bf16_learner(checkpointing)
-    per_micro_batch = copy.deepcopy(once)
-    per_micro_batch._cast_once = nullcontext  # each forward pass's own region, as before
-    batch = signed_samples()
-    counts = [
-        autocast_casts(lambda x=x: x.accumulate_gradients(batch)) for x in (once, per_micro_batch)
-    ]
-    for a, b in zip(once.params, per_micro_batch.params, strict=True):
-        assert a.grad is not None and torch.equal(a.grad, b.grad)
-    # Without the shared region every micro-batch after the first casts every matrix
-    # again (the embedding is looked up, not cast), and once more when it recomputes.
-    matrices = sum(1 for p in once.params if p.dim() == 2) - 1
-    micro = len(pack_micro_batches([len(p) + len(r) for p, r in random_pairs(12)], 48))
-    assert micro >= 3
-    assert counts[1] - counts[0] >= (micro - 1) * matrices * (1 + checkpointing), counts
-
-
-def test_rescoring_reuses_the_casts_and_matches(monkeypatch) -> None:
-    once = bf16_learner(False)
-    batch = signed_samples()
-    reused = once.compute_logprobs(batch)
-    monkeypatch.setattr(once, "_cast_once", nullcontext)
-    assert once.compute_logprobs(batch) == reused
