@@ -43,34 +43,37 @@ the same output almost always.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mage_rl.policy.asyncutil import run_sync
-from mage_rl.policy.base import Generation, Message, SamplingParams
-from mage_rl.policy.constrained import choice_token_ids
+from mage_rl.policy.base import Generation, Message, RequestRejected, SamplingParams
+from mage_rl.policy.constrained import ChoiceCache, choice_token_ids
 from mage_rl.policy.decoding import RunningBatch
 from mage_rl.policy.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
-from mage_rl.policy.requests import DecodeRequest, DecodeStats
+from mage_rl.policy.requests import (
+    DecodeRequest,
+    DecodeStats,
+    TokenCallback,
+    settle_threadsafe,
+    threadsafe_callback,
+)
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
-from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.tokenization import max_chars_per_token, render_within
 from mage_rl.policy.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()
-
-TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
-"""``(token_id, logprob, top)`` for each sampled token; see :meth:`LocalEngine.generate_from_ids`."""
 
 
 class EngineClosedError(RuntimeError):
@@ -176,7 +179,8 @@ class LocalEngine:
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self._choices_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        self.choice_cache = ChoiceCache()
+        self._token_chars: list[int | None] = []  # max_chars_per_token, once known
 
     async def generate(
         self, messages: list[Message], params: SamplingParams | None = None
@@ -192,10 +196,15 @@ class LocalEngine:
             The response with its prompt ids, response ids and sampling log-probs.
 
         Raises:
-            ValueError: If the rendered prompt does not fit in the model's context.
+            RequestRejected: If the rendered prompt does not fit in the model's context.
             EngineClosedError: If the engine was closed.
         """
-        return await self.generate_from_ids(render_prompt(self.tokenizer, messages), params)
+        params = params or SamplingParams()
+        if params.seed is None:  # drawn in call order, whichever render finishes first
+            params = replace(params, seed=self._draw_seed())
+        # Rendering and tokenizing a long chat takes a while: off the event loop.
+        prompt = await asyncio.to_thread(self._render, messages)
+        return await self.generate_from_ids(prompt, params)
 
     async def generate_from_ids(
         self,
@@ -230,17 +239,25 @@ class LocalEngine:
             raise ValueError("prompt_ids is empty: the model needs at least one token")
         room = self.max_context - len(prompt)
         if room < 1:
-            raise ValueError(
+            raise RequestRejected(
                 f"prompt of {len(prompt)} tokens leaves no room in the model's context of "
                 f"{self.max_context} tokens; shorten the chat (e.g. fewer reflections)"
             )
-        candidates = self._choice_ids(params.choices) if params.choices else None
+        candidates = self.choice_cache.get(params.choices) if params.choices else None
+        fresh = bool(params.choices) and candidates is None
+        if fresh:  # a thousand long choices take a second to tokenize: off the loop
+            try:
+                candidates = await asyncio.to_thread(
+                    choice_token_ids, self.tokenizer, params.choices
+                )
+            except ValueError as error:
+                raise RequestRejected(str(error)) from None
         max_new = min(params.max_tokens, room)
         if candidates is not None:
             # A constrained response ends when it equals a choice; max_tokens does not cut it.
             max_new = max(len(c) for c in candidates)
             if max_new > room:
-                raise ValueError(
+                raise RequestRejected(
                     f"prompt of {len(prompt)} tokens leaves {room} tokens in the model's "
                     f"context, fewer than the longest choice ({max_new} tokens)"
                 )
@@ -252,14 +269,17 @@ class LocalEngine:
             generator=self._generator(params.seed),
             max_new_tokens=max_new,
             candidates=candidates,
-            resolve=lambda outcome: _settle_threadsafe(loop, future, outcome),
+            resolve=lambda outcome: settle_threadsafe(loop, future, outcome),
             cancelled=future.cancelled,
-            on_token=_threadsafe_callback(loop, on_token) if on_token else None,
+            on_token=threadsafe_callback(loop, on_token) if on_token else None,
             top_logprobs=top_logprobs,
             ignore_eos=ignore_eos,
         )
         self._submit(request)
-        return await future
+        generation = await future
+        if fresh:  # only choices of a request that succeeded are kept
+            self.choice_cache.put(params.choices, candidates)  # type: ignore[arg-type]
+        return generation
 
     def generate_sync(
         self, messages: list[Message], params: SamplingParams | None = None
@@ -321,20 +341,18 @@ class LocalEngine:
 
     # -- internals -------------------------------------------------------------------
 
-    def _choice_ids(self, choices: tuple[str, ...]) -> list[list[int]]:
-        """Token ids of constrained-decoding choices, tokenized once per distinct set."""
-        cached = self._choices_cache.get(choices)
-        if cached is None:
-            cached = choice_token_ids(self.tokenizer, choices)
-            if len(self._choices_cache) >= 1024:
-                self._choices_cache.clear()
-            self._choices_cache[choices] = cached
-        return cached
+    def _render(self, messages: list[Message]) -> list[int]:
+        if not self._token_chars:
+            self._token_chars.append(max_chars_per_token(self.tokenizer))
+        return render_within(self.tokenizer, messages, self.max_context, self._token_chars[0])
+
+    def _draw_seed(self) -> int:
+        with self._seed_lock:
+            return self._seeds.getrandbits(63)
 
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:
-            with self._seed_lock:
-                seed = self._seeds.getrandbits(63)
+            seed = self._draw_seed()
         generator = torch.Generator(device=self._device)
         # torch takes seeds modulo 2**64 (a negative seed wraps); outside that range it
         # raises, so a seed + choice index past int64 wraps the same way instead.
@@ -462,36 +480,3 @@ class LocalEngine:
                 return
             if isinstance(item, DecodeRequest):
                 item.resolve(EngineClosedError(f"engine {self.name!r} closed before answering"))
-
-
-def _threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:
-    """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
-
-    def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:
-        # RuntimeError: the loop closed, so nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(callback, token, logprob, top)
-
-    return call
-
-
-def _settle_threadsafe(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Generation],
-    outcome: Generation | BaseException,
-) -> None:
-    """Hand ``outcome`` to ``future`` from the worker thread."""
-    try:
-        loop.call_soon_threadsafe(_settle, future, outcome)
-    except RuntimeError:  # the loop closed; nobody is waiting any more
-        logger.debug("dropping a response for a closed event loop")
-
-
-def _settle(future: asyncio.Future[Generation], outcome: Generation | BaseException) -> None:
-    """Resolve ``future`` on its loop's thread, once; later outcomes are ignored."""
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
