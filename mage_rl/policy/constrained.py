@@ -51,18 +51,18 @@ def choice_token_ids(tokenizer: PreTrainedTokenizerBase, choices: Sequence[str])
     """
     if len(set(choices)) != len(choices):
         raise ValueError(f"choices must be distinct, got {list(choices)}")
-    sequences: list[list[int]] = []
-    for choice in choices:
-        ids = [int(i) for i in tokenizer.encode(choice, add_special_tokens=False)]
+    # One batch call each way: the fast tokenizer's batch methods run in Rust threads.
+    encoded = tokenizer(list(choices), add_special_tokens=False)["input_ids"]
+    sequences = [[int(i) for i in ids] for ids in encoded]
+    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+    for choice, ids, back in zip(choices, sequences, decoded, strict=True):
         if not ids:
             raise ValueError(f"choice {choice!r} tokenizes to nothing")
-        decoded = tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded != choice:
+        if back != choice:
             raise ValueError(
-                f"choice {choice!r} decodes back as {decoded!r} with this tokenizer; "
+                f"choice {choice!r} decodes back as {back!r} with this tokenizer; "
                 "constrained decoding needs choices that round-trip exactly"
             )
-        sequences.append(ids)
     # A token prefix sorts right before the sequences it starts (everything between them
     # starts with it too), so neighbours in sorted order are the only pairs to compare:
     # O(n log n), where comparing every pair took seconds for a thousand choices.

@@ -234,6 +234,11 @@ class LocalEngine:
         params = params or SamplingParams()
         if top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
+        if len(prompt_ids) >= self.max_context:  # before copying: it may be huge
+            raise RequestRejected(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context "
+                f"of {self.max_context} tokens; shorten the chat (e.g. fewer reflections)"
+            )
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: the model needs at least one token")

@@ -68,7 +68,17 @@ def render_within(
             f"{-(-len(text) // max_token_chars)} tokens, but the model's context holds "
             f"{context}; shorten it (e.g. fewer or shorter texts in the chat)"
         )
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # Only the ids: each extra list (attention mask, ...) of a long text holds the
+    # interpreter lock for as long again while it is built.
+    ids = tokenizer(
+        text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+    )["input_ids"]
+    if len(ids) >= context:  # refused here, on the worker thread, not by its caller
+        raise RequestRejected(
+            f"prompt of {len(ids)} tokens leaves no room in the model's context of "
+            f"{context} tokens; shorten the chat (e.g. fewer reflections)"
+        )
+    return list(ids)
 
 
 def render_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:
