@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import socket
 import subprocess
@@ -44,7 +45,7 @@ ACTIONS = ["BET", "PASS"]
 GAME = {"name": "kuhnish", "task_description": "Play BET or PASS.", "max_turns": 4}
 
 
-def serve(port: int, state_dir: str) -> None:
+def serve(port: int, state_dir: str, prefix_cache_entries: int) -> None:
     """The server process."""
     from mage_rl import runtime
     from mage_rl.graphs import GraphOptions, build_meta_episode_graph
@@ -62,7 +63,8 @@ def serve(port: int, state_dir: str) -> None:
                            max_tokens=8, reflect_max_tokens=8)  # fmt: skip
     graph = build_meta_episode_graph(options, before={"play": ("tripwire", tripwire)})
     model, tokenizer = load_model("tiny", dtype="fp32")
-    with LocalEngine(model, tokenizer, name="tiny") as engine:
+    with LocalEngine(model, tokenizer, name="tiny",
+                     prefix_cache_entries=prefix_cache_entries) as engine:  # fmt: skip
         agent = AgentSessions(graph, lambda **s: runtime.chat_model(engine, **_sampling(s)),
                               name=AGENT, state_dir=Path(state_dir), idle_s=30)  # fmt: skip
         with serve_in_thread(create_app(engine, "tiny", agent=agent), port=port):
@@ -158,6 +160,18 @@ class Fuzz:
                 self.statuses[f"tripwire {response.status_code}"] += 1
 
 
+def probe(root: str, done: Any, out: Any) -> None:
+    """``GET /health`` every 20 ms until ``done``; the latencies go to ``out``."""
+    latencies = []
+    with httpx.Client(timeout=30) as client:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            client.get(f"{root}/health")
+            latencies.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    out.put(latencies)
+
+
 def good_client(url: str, stop: threading.Event, out: dict[str, int]) -> None:
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=2, timeout=120)
     while not stop.is_set():
@@ -185,17 +199,25 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--serve", nargs=2, metavar=("PORT", "STATE_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--prefix-cache-entries", type=int, default=64,
+        help="the engine's prefix cache (its memory grows with it, by design, until full)",
+    )  # fmt: skip
+    parser.add_argument("--server-log", default=None, help="the server's stderr goes here")
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(int(args.serve[0]), args.serve[1])
+        serve(int(args.serve[0]), args.serve[1], int(args.serve[2]))
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     state = tempfile.mkdtemp(prefix="mage-fuzz-")
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), state],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    log = open(args.server_log, "wb") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), state, str(args.prefix_cache_entries)],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
     root, url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/v1"
     try:
         while True:
@@ -205,24 +227,22 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.3)
         stop = threading.Event()
-        latencies: list[float] = []
         rss: list[float] = []
         proc = psutil.Process(server.pid)
-
-        def probe() -> None:
-            with httpx.Client(timeout=30) as client:
-                while not stop.is_set():
-                    t0 = time.perf_counter()
-                    client.get(f"{root}/health")
-                    latencies.append(time.perf_counter() - t0)
-                    time.sleep(0.02)
 
         def sample() -> None:
             while not stop.wait(1.0):
                 rss.append(proc.memory_info().rss / 2**20)
+                if len(rss) % 30 == 0:
+                    print(f"{len(rss)} s: {rss[-1]:.0f} MB", file=sys.stderr, flush=True)
 
+        # /health from a process of its own: the clients' threads here would hold its
+        # interpreter lock, and their delays would count as the server's.
+        done, receive = multiprocessing.Event(), multiprocessing.Queue()
+        prober = multiprocessing.Process(target=probe, args=(root, done, receive))
+        prober.start()
         good: dict[str, Any] = {"meta_episodes": 0, "failures": 0}
-        threads = [threading.Thread(target=probe), threading.Thread(target=sample)]
+        threads = [threading.Thread(target=sample)]
         threads += [threading.Thread(target=good_client, args=(url, stop, good))
                     for _ in range(args.clients)]  # fmt: skip
         for thread in threads:
@@ -232,17 +252,23 @@ def main() -> None:
         with ThreadPoolExecutor(args.workers) as pool:
             list(pool.map(fuzz.one, range(args.count)))
         stop.set()
+        done.set()
+        latencies = receive.get()
+        prober.join()
         for thread in threads:
             thread.join()
         ordered = sorted(latencies)
-        warm = rss[min(len(rss) - 1, 30)]  # after the first 30 s: caches and arenas warm
+        warm = rss[min(len(rss) - 1, 60)]  # after the first minute: caches and arenas warm
         print(json.dumps({
             "hostile": args.count, "seconds": round(time.time() - started),
+            "prefix_cache_entries": args.prefix_cache_entries,
             "statuses": dict(fuzz.statuses), "unexpected_5xx": fuzz.unexpected[:20],
             "good_clients": good,
             "health": {"n": len(ordered), "p50_ms": round(1000 * ordered[len(ordered) // 2], 1),
                        "p99_ms": round(1000 * ordered[int(len(ordered) * 0.99)], 1),
-                       "max_ms": round(1000 * ordered[-1], 1)},
+                       "max_ms": round(1000 * ordered[-1], 1),
+                       "over_100_ms": sum(x >= 0.1 for x in ordered),
+                       "slowest_ms": [round(1000 * x) for x in ordered[-8:]]},
             "rss_mb": {"first": round(rss[0]), "after_warmup": round(warm),
                        "max": round(max(rss)), "last": round(rss[-1]),
                        "growth_after_warmup": round(rss[-1] - warm, 1)},

@@ -173,15 +173,15 @@ class AgentSessions:
             session = await self._open(handle, message, sampling, owner, user)
         else:
             session = self._find(handle_key(handle), owner)
-        if session.busy:
-            raise APIError(
-                409,
-                "this session has a request in flight; send its next message when the "
-                "agent has answered",
-                param="session",
-                code="session_busy",
-            )
-        session.busy = True
+            if session.busy:
+                raise APIError(
+                    409,
+                    "this session has a request in flight; send its next message when the "
+                    "agent has answered",
+                    param="session",
+                    code="session_busy",
+                )
+            session.busy = True
         try:
             reply = await self._take(session, message, digest, dumped, seq)
         finally:
@@ -192,6 +192,7 @@ class AgentSessions:
     async def _open(
         self, handle: str, message: EnvMessage, sampling: dict[str, Any], owner: str, user: str
     ) -> Session:
+        """A new session, already marked busy with its first request."""
         if message.kind != "start" or message.game is None:
             raise APIError(
                 400,
@@ -212,12 +213,20 @@ class AgentSessions:
             raise APIError(400, f"env.game.max_turns is at most {MAX_TURNS_CAP}", param="env")
         key = handle_key(handle)
         assert key is not None
-        session = Session(key, owner, user, dict(sampling), self.clock())
+        # Counted (and busy) from now on, so that requests opening sessions meanwhile
+        # see it against the limit.
+        session = Session(key, owner, user, dict(sampling), self.clock(), busy=True)
+        self._sessions[key] = session
         header = {"version": LOG_VERSION, "agent": self.identity, "owner": owner,
                   "user": user, "sampling": session.sampling}  # fmt: skip
-        await asyncio.to_thread(self.store.create, key, header)
-        session.live = self._launch(session, message.game, ())
-        self._sessions[key] = session
+        try:
+            await asyncio.to_thread(self.store.create, key, header)
+            session.live = self._launch(session, message.game, ())
+        except BaseException as error:
+            self._forget(session)
+            if isinstance(error, OSError):
+                raise api_error(error, self.name) from error
+            raise
         logger.info("agent %s: session %r opened (%d open)", self.name, user, len(self))
         return session
 

@@ -26,6 +26,7 @@ from mage_rl import runtime
 from mage_rl.graphs import GraphOptions, build_meta_episode_graph
 from mage_rl.serve import create_app, serve_in_thread
 from mage_rl.serve.agent import AgentSessions
+from mage_rl.serve.store import SessionStore
 
 AGENT = "kuhnish"
 KEY = "key-one"
@@ -292,3 +293,20 @@ def test_30_requests_with_huge_legal_actions_leave_memory_flat(served, length: i
     grown = (process.memory_info().rss - before) / 2**20
     assert grown < 50, f"the server grew by {grown:.0f} MB"
     assert player.play(GAME[1:])["meta_done"]
+
+
+def test_a_torn_last_line_is_cut_and_the_session_is_as_before_it(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    key = "ab" * 32
+    store.create(key, {"version": 1})
+    store.append(key, {"seq": 0})
+    path = tmp_path / f"{key}.jsonl"
+    whole = path.read_bytes()
+    with open(path, "ab") as file:  # a server killed while it wrote the next line
+        file.write(b'{"seq": 1, "mess')
+    assert store.load(key) == ({"version": 1}, [{"seq": 0}])
+    assert path.read_bytes() == whole
+    store.append(key, {"seq": 1})
+    assert store.load(key) == ({"version": 1}, [{"seq": 0}, {"seq": 1}])
+    assert (tmp_path / "secret").stat().st_mode & 0o077 == 0
+    assert SessionStore(tmp_path).secret == store.secret  # the owners' key survives too
