@@ -22,13 +22,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mage_rl.envs.base import StepInfo, StepResult, TaskText, TextEnv, Wording, wording_of
 
 MessageKind = Literal["start", "result"]
+
+# Every text of a message is bounded, so a session's memory and each prompt built from
+# it are bounded too; a number is finite (JSON's 1e400 parses as infinity).
+Action = Annotated[str, Field(min_length=1, max_length=1_000)]
+Event = Annotated[str, Field(max_length=10_000)]
+Phrase = Annotated[str, Field(max_length=10_000)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class GameTexts(BaseModel):
@@ -41,7 +48,7 @@ class GameTexts(BaseModel):
     brief_description: str = Field(default="", max_length=100_000)
     answer_lead: str = Field(default="", max_length=1_000)
     max_turns: int = Field(default=32, ge=1, le=10_000)
-    wording: dict[str, str] | None = None
+    wording: dict[str, Phrase] | None = Field(default=None, max_length=8)
 
 
 class StepOutcome(BaseModel):
@@ -49,12 +56,12 @@ class StepOutcome(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    reward: float = 0.0
+    reward: Number = 0.0
     done: bool = False
     outcome: Literal["won", "lost", "draw", "unfinished"] | None = None
-    payoff: float | None = None
+    payoff: Number | None = None
     feedback: str = Field(default="", max_length=100_000)
-    events: list[str] = Field(default_factory=list, max_length=1_000)
+    events: list[Event] = Field(default_factory=list, max_length=1_000)
     invalid: bool = False
     invalid_reason: str = Field(default="", max_length=10_000)
     brief_summary: str = Field(default="", max_length=100_000)
@@ -74,12 +81,17 @@ class EnvMessage(BaseModel):
     kind: MessageKind
     observation: str = Field(default="", max_length=100_000)
     brief_observation: str = Field(default="", max_length=100_000)
-    legal_actions: list[str] = Field(default_factory=list, max_length=1_000)
+    legal_actions: list[Action] = Field(default_factory=list, max_length=1_000)
     result: StepOutcome | None = None
     game: GameTexts | None = None
 
     def problem(self) -> str:
         """What makes this message unusable, in words; '' when it is fine."""
+        seen: set[str] = set()
+        for action in self.legal_actions:
+            if action in seen:
+                return f"legal_actions lists {action[:80]!r} twice; list each action once"
+            seen.add(action)
         if self.kind == "start":
             if self.result is not None:
                 return "a start message carries no result; send the result first"

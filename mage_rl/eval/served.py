@@ -3,7 +3,8 @@
 ``mage eval --agent NAME=http://HOST:PORT/v1`` plays the agent such a server serves on the
 library's own environments: the game runs here, each of its states goes to the server as
 an environment message (:mod:`mage_rl.envs.remote`) through the ``openai`` client, and
-the agent's graph runs there, on the trained weights. A session is one meta-episode; its
+the agent's graph runs there, on the trained weights. A session is one meta-episode
+(every request after the first sends the handle and ``seq`` the server gave); its
 first request carries the sampling seed ``mage eval`` gives every meta-episode (derived
 from the task seed and the rollout), so a served agent meets the same random numbers as
 the same run played locally.
@@ -12,7 +13,6 @@ the same run played locally.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,8 @@ async def play_served(
         label: The agent's name in the records.
     """
     env = make_env(env_name, task.opponent, seat=task.seat, max_turns=max_turns)
-    session = f"eval-{label}-{task.seed}-{rollout}-{uuid.uuid4().hex[:8]}"
+    label_of_session = f"eval-{label}-{task.seed}-{rollout}"
+    session: dict[str, Any] = {}  # the handle and seq of the next message, once known
     seed = derive_seed("eval-sample", task.seed, rollout)
     turns: list[Turn] = []
     episodes: list[EpisodeResult] = []
@@ -103,13 +104,14 @@ async def play_served(
         response = await client.chat.completions.create(
             model=card.name,
             messages=[{"role": "user", "content": message.get("observation") or "(result)"}],
-            user=session,
+            user=label_of_session,
             seed=seed,
             temperature=sampling["temperature"],
             top_p=sampling["top_p"],
-            extra_body={"env": message, "top_k": sampling["top_k"]},
+            extra_body={"env": message, "top_k": sampling["top_k"], **session},
         )
         extra = (response.model_extra or {})["mage"]
+        session.update(session=extra["session"], seq=extra["seq"] + 1)
         turns.extend(
             Turn(
                 kind=c["kind"],

@@ -64,6 +64,12 @@ class SamplingParams:
             raise ValueError(f"choices must be non-empty strings, got {list(self.choices)}")
 
 
+class RequestRejected(ValueError):
+    """A request a policy cannot serve as given: a prompt longer than the model's context,
+    constrained-decoding choices that cannot be decoded. The caller's input is at fault,
+    not the policy, so a server answers it with a 400."""
+
+
 @dataclass
 class Generation:
     """One sampled response with everything the learner needs.

@@ -25,6 +25,8 @@ log-prob 0 and carries no gradient: only the tokens where choices diverge are le
 from __future__ import annotations
 
 import math
+import sys
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,26 +51,73 @@ def choice_token_ids(tokenizer: PreTrainedTokenizerBase, choices: Sequence[str])
     """
     if len(set(choices)) != len(choices):
         raise ValueError(f"choices must be distinct, got {list(choices)}")
-    sequences: list[list[int]] = []
-    for choice in choices:
-        ids = [int(i) for i in tokenizer.encode(choice, add_special_tokens=False)]
+    # One batch call each way: the fast tokenizer's batch methods run in Rust threads.
+    encoded = tokenizer(list(choices), add_special_tokens=False)["input_ids"]
+    sequences = [[int(i) for i in ids] for ids in encoded]
+    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+    for choice, ids, back in zip(choices, sequences, decoded, strict=True):
         if not ids:
             raise ValueError(f"choice {choice!r} tokenizes to nothing")
-        decoded = tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded != choice:
+        if back != choice:
             raise ValueError(
-                f"choice {choice!r} decodes back as {decoded!r} with this tokenizer; "
+                f"choice {choice!r} decodes back as {back!r} with this tokenizer; "
                 "constrained decoding needs choices that round-trip exactly"
             )
-        sequences.append(ids)
-    for a, first in enumerate(sequences):
-        for b, second in enumerate(sequences):
-            if a != b and len(first) <= len(second) and second[: len(first)] == first:
-                raise ValueError(
-                    f"choice {choices[a]!r} is a token prefix of {choices[b]!r}; make the "
-                    "choices end distinctly (e.g. wrap them in closing tags)"
-                )
+    # A token prefix sorts right before the sequences it starts (everything between them
+    # starts with it too), so neighbours in sorted order are the only pairs to compare:
+    # O(n log n), where comparing every pair took seconds for a thousand choices.
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
+    for a, b in zip(order, order[1:], strict=False):
+        first, second = sequences[a], sequences[b]
+        if len(first) <= len(second) and second[: len(first)] == first:
+            raise ValueError(
+                f"choice {choices[a]!r} is a token prefix of {choices[b]!r}; make the "
+                "choices end distinctly (e.g. wrap them in closing tags)"
+            )
     return sequences
+
+
+DEFAULT_CACHE_BYTES = 16 << 20
+"""16 MiB: the tokenized choice sets kept for reuse (a game's few dozen distinct sets)."""
+
+
+class ChoiceCache:
+    """Token ids of choice sets seen before, bounded in bytes, least recently used first
+    out.
+
+    Only a caller whose request succeeded :meth:`put` s its set, so choices that failed
+    (a prompt over the context, a client's request cut short) leave nothing behind. A
+    set larger than a quarter of the bound is never kept: it would evict everything else
+    and is unlikely to come back.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._sets: OrderedDict[tuple[str, ...], tuple[list[list[int]], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def get(self, choices: tuple[str, ...]) -> list[list[int]] | None:
+        entry = self._sets.get(choices)
+        if entry is None:
+            return None
+        self._sets.move_to_end(choices)
+        return entry[0]
+
+    def put(self, choices: tuple[str, ...], ids: list[list[int]]) -> None:
+        if choices in self._sets:
+            return
+        # What the entry holds: the strings of its key, the lists and their int objects.
+        size = sum(sys.getsizeof(c) for c in choices) + sum(64 + 36 * len(t) for t in ids)
+        if size > self.max_bytes // 4:
+            return
+        self._sets[choices] = (ids, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, dropped) = self._sets.popitem(last=False)
+            self.bytes -= dropped
 
 
 def allowed_next(candidates: Sequence[Sequence[int]], prefix: Sequence[int]) -> list[int]:

@@ -49,28 +49,32 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mage_rl.policy.asyncutil import run_sync, settle_threadsafe, threadsafe_callback
-from mage_rl.policy.base import Generation, Message, SamplingParams
-from mage_rl.policy.constrained import choice_token_ids
+from mage_rl.policy.asyncutil import run_sync
+from mage_rl.policy.base import Generation, Message, RequestRejected, SamplingParams
+from mage_rl.policy.constrained import ChoiceCache, choice_token_ids
 from mage_rl.policy.decoding import RunningBatch
 from mage_rl.policy.prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
-from mage_rl.policy.requests import DecodeRequest, DecodeStats
+from mage_rl.policy.requests import (
+    DecodeRequest,
+    DecodeStats,
+    TokenCallback,
+    settle_threadsafe,
+    threadsafe_callback,
+)
 from mage_rl.policy.static_decode import resolve_static_decode
 from mage_rl.policy.tokenization import eos_token_ids as default_eos_ids
-from mage_rl.policy.tokenization import render_prompt
+from mage_rl.policy.tokenization import max_chars_per_token, render_within
 from mage_rl.policy.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()
-
-TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
-"""``(token_id, logprob, top)`` for each sampled token; see :meth:`LocalEngine.generate_from_ids`."""
 
 
 class EngineClosedError(RuntimeError):
@@ -181,7 +185,8 @@ class LocalEngine:
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
-        self._choices_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        self.choice_cache = ChoiceCache()
+        self._token_chars: list[int | None] = []  # max_chars_per_token, once known
 
     async def generate(
         self, messages: list[Message], params: SamplingParams | None = None
@@ -197,10 +202,15 @@ class LocalEngine:
             The response with its prompt ids, response ids and sampling log-probs.
 
         Raises:
-            ValueError: If the rendered prompt does not fit in the model's context.
+            RequestRejected: If the rendered prompt does not fit in the model's context.
             EngineClosedError: If the engine was closed.
         """
-        return await self.generate_from_ids(render_prompt(self.tokenizer, messages), params)
+        params = params or SamplingParams()
+        if params.seed is None:  # drawn in call order, whichever render finishes first
+            params = replace(params, seed=self._draw_seed())
+        # Rendering and tokenizing a long chat takes a while: off the event loop.
+        prompt = await asyncio.to_thread(self._render, messages)
+        return await self.generate_from_ids(prompt, params)
 
     async def generate_from_ids(
         self,
@@ -230,22 +240,35 @@ class LocalEngine:
         params = params or SamplingParams()
         if top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
+        if len(prompt_ids) >= self.max_context:  # before copying: it may be huge
+            raise RequestRejected(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context "
+                f"of {self.max_context} tokens; shorten the chat (e.g. fewer reflections)"
+            )
         prompt = [int(i) for i in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: the model needs at least one token")
         room = self.max_context - len(prompt)
         if room < 1:
-            raise ValueError(
+            raise RequestRejected(
                 f"prompt of {len(prompt)} tokens leaves no room in the model's context of "
                 f"{self.max_context} tokens; shorten the chat (e.g. fewer reflections)"
             )
-        candidates = self._choice_ids(params.choices) if params.choices else None
+        candidates = self.choice_cache.get(params.choices) if params.choices else None
+        fresh = bool(params.choices) and candidates is None
+        if fresh:  # a thousand long choices take a second to tokenize: off the loop
+            try:
+                candidates = await asyncio.to_thread(
+                    choice_token_ids, self.tokenizer, params.choices
+                )
+            except ValueError as error:
+                raise RequestRejected(str(error)) from None
         max_new = min(params.max_tokens, room)
         if candidates is not None:
             # A constrained response ends when it equals a choice; max_tokens does not cut it.
             max_new = max(len(c) for c in candidates)
             if max_new > room:
-                raise ValueError(
+                raise RequestRejected(
                     f"prompt of {len(prompt)} tokens leaves {room} tokens in the model's "
                     f"context, fewer than the longest choice ({max_new} tokens)"
                 )
@@ -264,7 +287,10 @@ class LocalEngine:
             ignore_eos=ignore_eos,
         )
         self._submit(request)
-        return await future
+        generation = await future
+        if fresh:  # only choices of a request that succeeded are kept
+            self.choice_cache.put(params.choices, candidates)  # type: ignore[arg-type]
+        return generation
 
     def generate_sync(
         self, messages: list[Message], params: SamplingParams | None = None
@@ -326,20 +352,18 @@ class LocalEngine:
 
     # -- internals -------------------------------------------------------------------
 
-    def _choice_ids(self, choices: tuple[str, ...]) -> list[list[int]]:
-        """Token ids of constrained-decoding choices, tokenized once per distinct set."""
-        cached = self._choices_cache.get(choices)
-        if cached is None:
-            cached = choice_token_ids(self.tokenizer, choices)
-            if len(self._choices_cache) >= 1024:
-                self._choices_cache.clear()
-            self._choices_cache[choices] = cached
-        return cached
+    def _render(self, messages: list[Message]) -> list[int]:
+        if not self._token_chars:
+            self._token_chars.append(max_chars_per_token(self.tokenizer))
+        return render_within(self.tokenizer, messages, self.max_context, self._token_chars[0])
+
+    def _draw_seed(self) -> int:
+        with self._seed_lock:
+            return self._seeds.getrandbits(63)
 
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:
-            with self._seed_lock:
-                seed = self._seeds.getrandbits(63)
+            seed = self._draw_seed()
         generator = torch.Generator(device=self._device)
         # torch takes seeds modulo 2**64 (a negative seed wraps); outside that range it
         # raises, so a seed + choice index past int64 wraps the same way instead.

@@ -3,12 +3,17 @@ lifetime (the loop itself is :mod:`mage_rl.policy.decoding`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from mage_rl.policy.base import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -122,3 +127,40 @@ class DecodeStats:
     def mean_batch(self) -> float:
         """Mean rows sampled together per step."""
         return self.step_rows / max(self.steps, 1)
+
+
+TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
+"""``(token_id, logprob, top)`` for each sampled token; see :meth:`LocalEngine.generate_from_ids`."""
+
+
+def threadsafe_callback(loop: asyncio.AbstractEventLoop, callback: TokenCallback) -> TokenCallback:
+    """Wrap ``callback`` so that the worker thread runs it on ``loop``, in token order."""
+
+    def call(token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        # RuntimeError: the loop closed, so nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(callback, token, logprob, top)
+
+    return call
+
+
+def settle_threadsafe(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Generation],
+    outcome: Generation | BaseException,
+) -> None:
+    """Hand ``outcome`` to ``future`` from the worker thread."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, outcome)
+    except RuntimeError:  # the loop closed; nobody is waiting any more
+        logger.debug("dropping a response for a closed event loop")
+
+
+def _settle(future: asyncio.Future[Generation], outcome: Generation | BaseException) -> None:
+    """Resolve ``future`` on its loop's thread, once; later outcomes are ignored."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

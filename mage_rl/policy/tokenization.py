@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from mage_rl.policy.base import Message
+from mage_rl.policy.base import Message, RequestRejected
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
@@ -44,6 +44,41 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message
     # The template already holds every special token the model expects (ChatML has no
     # BOS); letting the tokenizer add its own would put a second BOS in some vocabularies.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_within(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    context: int,
+    max_token_chars: int | None,
+) -> list[int]:
+    """:func:`render_prompt` for a model whose context holds ``context`` tokens.
+
+    A text too long to fit is refused from its length alone when ``max_token_chars``
+    (:func:`max_chars_per_token`) bounds it, before the tokenizer spends seconds and
+    hundreds of MB on a prompt of a few MB.
+
+    Raises:
+        RequestRejected: The prompt leaves no room for a response in the context.
+    """
+    text = render_text(tokenizer, messages)
+    if max_token_chars is not None and -(-len(text) // max_token_chars) >= context:
+        raise RequestRejected(
+            f"the prompt has {len(text)} characters, so at least "
+            f"{-(-len(text) // max_token_chars)} tokens, but the model's context holds "
+            f"{context}; shorten it (e.g. fewer or shorter texts in the chat)"
+        )
+    # Only the ids: each extra list (attention mask, ...) of a long text holds the
+    # interpreter lock for as long again while it is built.
+    ids = tokenizer(
+        text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+    )["input_ids"]
+    if len(ids) >= context:  # refused here, on the worker thread, not by its caller
+        raise RequestRejected(
+            f"prompt of {len(ids)} tokens leaves no room in the model's context of "
+            f"{context} tokens; shorten the chat (e.g. fewer reflections)"
+        )
+    return list(ids)
 
 
 def render_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> str:

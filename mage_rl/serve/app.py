@@ -28,6 +28,7 @@ cancelled (the engine drops it at the next decode step).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -44,7 +45,8 @@ from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.engine import EngineClosedError, LocalEngine
 from mage_rl.policy.tokenization import max_chars_per_token, render_text
 from mage_rl.serve import responses
-from mage_rl.serve.agent import AgentSessions, completion_body, env_message, stream_body
+from mage_rl.serve.agent import AgentSessions
+from mage_rl.serve.agent_api import completion_body, env_message, stream_body
 from mage_rl.serve.generate import (
     Choice,
     run_choices,
@@ -350,15 +352,21 @@ async def _agent_turn(
     request: Request, agent: AgentSessions, body: ChatCompletionRequest
 ) -> Response:
     """One request of an agent's session (:mod:`mage_rl.serve.agent`)."""
-    message = env_message(body, agent.name)
+    # Validating a message of up to 2 MB takes a while: off the event loop.
+    message = await asyncio.to_thread(env_message, body, agent.name)
     sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "seed": body.seed}  # fmt: skip
-    reply = await _answered(request, agent.turn(body.user, message, sampling))
+    owner = agent.owner(request.app.state.mage.api_key)  # the key the Guard let in
+    turn = agent.turn(body.session, message, sampling, seq=body.seq, owner=owner,
+                      user=body.user or "")  # fmt: skip
+    reply = await _answered(request, turn)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": agent.name}  # fmt: skip
     if body.stream:
         return responses.sse(stream_body(reply, meta, body.include_usage_in_stream()))
-    return JSONResponse(completion_body(reply, meta))
+    # The answer holds every call's prompt, megabytes at worst: serialised off the loop.
+    content = await asyncio.to_thread(lambda: json.dumps(completion_body(reply, meta)).encode())
+    return Response(content, media_type="application/json")
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:

@@ -31,13 +31,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if args.max_body_mb <= 0:
         raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
-    if not args.agent and (args.max_sessions is not None or args.session_idle is not None):
-        raise ValueError("--max-sessions and --session-idle bound the sessions of --agent")
+    if not args.agent and (
+        args.max_sessions is not None or args.session_idle is not None or args.state_dir
+    ):
+        raise ValueError("--max-sessions, --session-idle and --state-dir are for --agent")
     serve_local(
         args.model,
         agent=args.agent,
         max_sessions=args.max_sessions,
         session_idle_s=args.session_idle,
+        state_dir=args.state_dir,
         host=args.host,
         port=args.port,
         api_key=api_key,
@@ -194,6 +197,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="a session with no request for this long is closed; its next result is "
         "refused as expired (default 600)",
+    )
+    g.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="PATH",
+        help="where each session's log is kept, so that a restarted server resumes its "
+        "sessions (default: RUN/sessions)",
     )
     g = p.add_argument_group("vllm engine")
     g.add_argument(

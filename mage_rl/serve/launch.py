@@ -193,11 +193,14 @@ def serve_local(
     agent: bool = False,
     max_sessions: int | None = None,
     session_idle_s: float | None = None,
+    state_dir: str | Path | None = None,
 ) -> None:
     """Serve ``spec`` with the local batched engine until SIGTERM or SIGINT (``mage serve``).
 
     With ``agent``, ``spec`` is a training run and its trained agent is served too, under
-    the run folder's name, beside the plain model (:func:`agent_sessions`).
+    the run folder's name, beside the plain model (:func:`agent_sessions`); its sessions
+    are kept in ``state_dir`` (default: the run folder's ``sessions/``), where a restarted
+    server finds them again.
 
     Returns after a graceful shutdown (see the module docstring).
 
@@ -262,7 +265,7 @@ def serve_local(
         if trained is not None:
             sessions = agent_sessions(
                 trained, engine, run_dir.name, max_sessions=max_sessions,
-                idle_s=session_idle_s,
+                idle_s=session_idle_s, state_dir=Path(state_dir or run_dir / "sessions"),
             )  # fmt: skip
             logger.info("serving the agent %r of %s (%d episodes a session)",
                         sessions.name, run_dir, sessions.episodes)  # fmt: skip
@@ -286,10 +289,13 @@ def agent_sessions(
     *,
     max_sessions: int | None = None,
     idle_s: float | None = None,
+    state_dir: Path | None = None,
 ) -> Any:
     """The sessions of the agent the run config ``cfg`` describes, on ``engine``: its
     graph (with the run's plugins) and, per session, a chat model with the run's token
-    limit and the request's sampling (default: the evaluation's, as ``mage eval``)."""
+    limit and the request's sampling (default: the evaluation's, as ``mage eval``).
+    Sessions are logged in ``state_dir`` (``None``: in memory) and resume only on the
+    same agent and checkpoint."""
     from mage_rl import runtime
     from mage_rl.policy.chat_model import seeded
     from mage_rl.serve.agent import DEFAULT_IDLE_S, DEFAULT_MAX_SESSIONS, AgentSessions
@@ -315,6 +321,7 @@ def agent_sessions(
         graph, chat_for, name=name,
         max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
         idle_s=DEFAULT_IDLE_S if idle_s is None else idle_s,
+        state_dir=state_dir, identity=f"{name} at {Path(cfg.policy.model).resolve()}",
     )  # fmt: skip
 
 

@@ -11,7 +11,8 @@ as OpenAI-compatible servers do, so newer clients keep working.
 
 Extensions, as in vLLM: ``top_k``, ``return_token_ids`` (prompt and response token ids in
 the response, for training on rollouts), ``include_stop_str_in_output`` and
-``ignore_eos``.
+``ignore_eos``. A served agent's requests add ``env``, ``session`` and ``seq``
+(:mod:`mage_rl.serve.agent`).
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ class ChatCompletionRequest(_Request):
     response_format: dict[str, Any] | None = None
     user: str | None = Field(default=None, max_length=256)
     env: dict[str, Any] | None = None
+    session: str | None = Field(default=None, max_length=64)
+    seq: Int | None = Field(default=None, ge=0, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:

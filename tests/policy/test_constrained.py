@@ -10,9 +10,14 @@ import torch
 
 from mage_rl.envs import make_env
 from mage_rl.graphs import GraphOptions, mage_graph
-from mage_rl.policy.base import SamplingParams
+from mage_rl.policy.base import RequestRejected, SamplingParams
 from mage_rl.policy.chat_model import PolicyChatModel
-from mage_rl.policy.constrained import allowed_next, choice_token_ids, restricted_logprobs
+from mage_rl.policy.constrained import (
+    ChoiceCache,
+    allowed_next,
+    choice_token_ids,
+    restricted_logprobs,
+)
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.tiny import build_tiny
 from mage_rl.records import MetaEpisodeRecord
@@ -211,3 +216,34 @@ def test_entropy_of_the_free_positions_and_a_target_on_them(tiny) -> None:
     assert per_choice.entropy_coef == 0.5
     with pytest.raises(ValueError, match="'all' or 'free'"):
         LearnerConfig(entropy_target_positions="choice")
+
+
+def test_choice_cache_keeps_only_what_succeeded_within_its_bytes(tiny) -> None:
+    model, tokenizer = tiny
+    with LocalEngine(model, tokenizer, seed=0) as engine:
+        # Choices too long for the room the prompt leaves: tokenized, refused, not kept.
+        long = tuple(f"<action>{i} {'word ' * 1500}</action>" for i in range(3))
+        filler = [{"role": "user", "content": "x " * 2000}]
+        with pytest.raises(RequestRejected, match="longest choice"):
+            _generate(engine, [SamplingParams(choices=long)], chat=filler)
+        assert len(engine.choice_cache) == 0
+        _generate(engine, [SamplingParams(choices=CHOICES, seed=1)])
+        assert engine.choice_cache.get(CHOICES) is not None
+    # Least recently used out first, and never past the byte bound.
+    cache = ChoiceCache(max_bytes=200_000)
+    sets = [tuple(f"<action>{k}-{i}</action>" for i in range(20)) for k in range(40)]
+    for choices in sets:
+        cache.put(choices, choice_token_ids(tokenizer, choices))
+        assert cache.bytes <= cache.max_bytes
+    assert cache.get(sets[-1]) is not None and cache.get(sets[0]) is None
+    huge = tuple(f"<action>{i}</action>" for i in range(1000))
+    cache.put(huge, choice_token_ids(tokenizer, huge))  # over a quarter of the bound
+    assert cache.get(huge) is None
+
+
+def test_a_thousand_choices_check_their_prefixes_in_n_log_n(tiny) -> None:
+    _, tokenizer = tiny
+    choices = [f"<action>{i:04d}</action>" for i in range(1000)]
+    assert len(choice_token_ids(tokenizer, choices)) == 1000
+    with pytest.raises(ValueError, match="token prefix"):
+        choice_token_ids(tokenizer, [*choices, "<action>0500"])

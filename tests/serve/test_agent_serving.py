@@ -42,21 +42,23 @@ def planner_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def play_over_http(client: openai.OpenAI, model: str, task: dict[str, Any], episodes: int,
-                   session: str) -> dict[str, Any]:  # fmt: skip
+                   label: str) -> dict[str, Any]:  # fmt: skip
     """A client that plays one meta-episode of Kuhn Poker with the openai SDK, the game
     here, exactly as docs/serving.md shows."""
     env = make_env("kuhn_poker", task["opponent"], seat=task["seat"])
     seed = derive_seed("eval-sample", task["seed"], 0)
     calls: list[dict[str, Any]] = []
     rewards: list[float] = []
+    session: dict[str, Any] = {}
 
     def ask(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         reply = client.chat.completions.create(
-            model=model, user=session, seed=seed, temperature=EVAL_TEMPERATURE,
+            model=model, user=label, seed=seed, temperature=EVAL_TEMPERATURE,
             top_p=EVAL_TOP_P, messages=[{"role": "user", "content": message["observation"]}],
-            extra_body={"env": message, "top_k": EVAL_TOP_K},
+            extra_body={"env": message, "top_k": EVAL_TOP_K, **session},
         )  # fmt: skip
         extra = reply.model_extra["mage"]
+        session.update(session=extra["session"], seq=extra["seq"] + 1)
         calls.extend(extra["calls"])
         return reply.choices[0].message.content, extra
 
@@ -159,10 +161,11 @@ def step(observation: str, done: bool) -> dict[str, Any]:
 
 
 @pytest.fixture()
-def session_server(tiny_engine: LocalEngine):
+def session_server(tiny_engine: LocalEngine, tmp_path: Path):
     def make(**limits: Any):
         chat = runtime.chat_model(tiny_engine, temperature=1.0)
-        sessions = AgentSessions(remembering_graph(), lambda **_: chat, name="echo", **limits)
+        sessions = AgentSessions(remembering_graph(), lambda **_: chat, name="echo",
+                                 state_dir=tmp_path / "sessions", **limits)  # fmt: skip
         return serve_in_thread(create_app(tiny_engine, "tiny", agent=sessions))
 
     return make
@@ -176,11 +179,14 @@ def tiny_engine():
 
 
 async def _play_session(client: openai.AsyncOpenAI, i: int) -> list[str]:
+    session: dict[str, Any] = {}
+
     async def ask(message: dict[str, Any]) -> dict[str, Any]:
         reply = await client.chat.completions.create(
             model="echo", user=f"s{i}", messages=[{"role": "user", "content": "-"}],
-            extra_body={"env": message},
+            extra_body={"env": message, **session},
         )  # fmt: skip
+        session["session"] = reply.model_extra["mage"]["session"]
         return reply.model_extra["mage"]
 
     for k in range(3):
@@ -210,30 +216,30 @@ def test_expired_session_and_session_limit_are_refused(session_server) -> None:
     with session_server(max_sessions=2, idle_s=0.5) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
 
-        def ask(user: str, message: dict[str, Any]) -> Any:
+        def ask(message: dict[str, Any], session: str | None = None) -> Any:
             return client.chat.completions.create(
-                model="echo", user=user, messages=[{"role": "user", "content": "-"}],
-                extra_body={"env": message},
+                model="echo", user="label", messages=[{"role": "user", "content": "-"}],
+                extra_body={"env": message, "session": session},
             )  # fmt: skip
 
-        assert ask("a", start("first")).choices[0].message.content == "<action>GO</action>"
-        ask("b", start("second"))
+        first = ask(start("first"))
+        assert first.choices[0].message.content == "<action>GO</action>"
+        a = first.model_extra["mage"]["session"]
+        ask(start("second"))
         with pytest.raises(openai.RateLimitError, match="limit"):
-            ask("c", start("third"))
+            ask(start("third"))
         # the result of an action comes before the next start
         with pytest.raises(openai.BadRequestError, match="waits for a result message"):
-            ask("a", start("again", first=False))
+            ask(start("again", first=False), a)
         time.sleep(0.8)  # both sessions idle past 0.5 s
         with pytest.raises(openai.APIStatusError, match="expired") as refused:
-            ask("a", step("late", False))
+            ask(step("late", False), a)
         assert refused.value.status_code == 410
-        # their places are free again, and a name may start a new game
-        assert ask("a", start("new game")).model_extra["mage"]["episode"] == 0
-        with pytest.raises(openai.BadRequestError, match="names its session in the 'user'"):
-            client.chat.completions.create(
-                model="echo", messages=[{"role": "user", "content": "-"}],
-                extra_body={"env": start("x")},
-            )  # fmt: skip
+        # their places are free again
+        assert ask(start("new game")).model_extra["mage"]["episode"] == 0
+        # a later message without its session's handle starts nothing
+        with pytest.raises(openai.BadRequestError, match="starts with a start message"):
+            ask(step("where?", False))
 
 
 def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
@@ -266,6 +272,7 @@ def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
         assert ids == ["planner_run", str(planner_run)]
         task = {"seed": 5, "opponent": "kuhn:aggressive", "seat": 1}
         played = play_over_http(client, "planner_run", task, 3, "cli-game")
+        assert (planner_run / "sessions").is_dir()  # where a restarted server finds them
         assert len(played["rewards"]) == 3
         # a streamed request gets the whole answer in one chunk, with the agent's calls
         env = make_env("kuhn_poker", "kuhn:aggressive", seat=0)
@@ -286,3 +293,94 @@ def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
     finally:
         process.terminate()
         process.wait(60)
+
+
+# -- restarts --------------------------------------------------------------------------
+
+
+def _serve(run: Path, port: int, state_dir: Path) -> Any:
+    """`mage serve RUN --agent` as a process, once it answers /health."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    cmd = [sys.executable, "-m", "mage_rl.cli", "serve", str(run), "--agent", "--port",
+           str(port), "--state-dir", str(state_dir)]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return process
+        except httpx.HTTPError:
+            assert process.poll() is None, process.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+
+
+def test_sessions_survive_kill_9_at_three_moments(planner_run: Path, tmp_path: Path) -> None:
+    """The server is killed (SIGKILL) after a session's first answer, between two
+    episodes, and while a request is in flight; each time a new server starts on the same
+    state directory and the client sends its next message (or the one in flight, again).
+    The game ends with the same calls and rewards as the same game played unbroken."""
+    import signal
+    import threading
+
+    from mage_rl.net import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    task = {"seed": 11, "opponent": "kuhn:aggressive", "seat": 0}
+    process = _serve(planner_run, port, tmp_path / "state")
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        unbroken = play_over_http(client, "planner_run", task, 3, "unbroken")
+        # The same game again, from a client that sends a message again when the server
+        # dropped it (the openai SDK does so too, with too short a patience for a restart).
+        patient = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        moments: list[str] = []
+        sent = {"n": 0}
+
+        def restart(moment: str) -> None:
+            nonlocal process
+            process.send_signal(signal.SIGKILL)
+            process.wait(30)
+            process = _serve(planner_run, port, tmp_path / "state")
+            moments.append(moment)
+
+        original = patient.chat.completions.create
+
+        def create(**kwargs: Any) -> Any:
+            n = sent["n"]
+            sent["n"] += 1
+            env = kwargs["extra_body"]["env"]
+            if n == 1:
+                restart("after the first answer")
+            elif env["kind"] == "start" and len(moments) == 1:
+                restart("between two episodes")
+            elif env["kind"] == "result" and env["result"]["done"] and len(moments) == 2:
+                # The end of the second episode: the agent reflects, the kill comes
+                # while it does.
+                killer = threading.Timer(0.03, restart, args=("in flight",))
+                killer.start()
+                try:
+                    return original(**kwargs)
+                except openai.APIConnectionError:
+                    moments.append("dropped")
+                    killer.join()  # the new server is up: the same message again
+                    return original(**kwargs)
+                finally:
+                    killer.join()
+            return original(**kwargs)
+
+        patient.chat.completions.create = create  # type: ignore[method-assign]
+        broken = play_over_http(patient, "planner_run", task, 3, "broken")
+        assert moments[:2] == ["after the first answer", "between two episodes"]
+        assert "in flight" in moments and "dropped" in moments, moments  # the kill cut it
+        assert broken["calls"] == unbroken["calls"]
+        assert broken["rewards"] == unbroken["rewards"]
+        assert broken["reflections"] == unbroken["reflections"]
+    finally:
+        process.kill()
+        process.wait(30)
