@@ -138,6 +138,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mage_rl.config import load_config
+    from mage_rl.rl.phases import process_start_time
     from mage_rl.rl.run_folder import latest_checkpoint, resume_command
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
@@ -159,7 +160,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return resume_command(args.config, run_dir, args.set, args.backend)
 
     try:
-        trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+        trainer = Trainer(
+            cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+            started=process_start_time(),
+        )  # fmt: skip
         try:
             result = trainer.run()
         except KeyboardInterrupt:
