@@ -32,6 +32,7 @@ from mage_rl.plugins import (
     load_plugins,
 )
 from mage_rl.provenance import mark_start
+from mage_rl.rl.phases import process_start_time
 from mage_rl.serve.cli import register as register_serve
 from mage_rl.view.cli import register as register_view
 
@@ -138,7 +139,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mage_rl.config import load_config
-    from mage_rl.rl.phases import process_start_time
     from mage_rl.rl.run_folder import latest_checkpoint, resume_command
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]

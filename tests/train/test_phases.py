@@ -16,7 +16,7 @@ from mage_rl.rl.phases import EVAL_BEFORE, LEARNER, OTHER, ROLLOUTS, SETUP, RunC
 
 ROOT = Path(__file__).parents[2]
 CONFIG = ROOT / "configs" / "kuhn_tiny.yaml"
-OVERRIDES = ["train.iterations=2", "eval.tasks=2", "eval.before=true",
+OVERRIDES = ["train.iterations=1", "eval.tasks=2", "eval.before=true",
              "eval.baselines=[reflexion]", "train.save_samples=0"]  # fmt: skip
 
 
@@ -83,10 +83,9 @@ def logged_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_every_iteration_logs_a_line_when_the_output_is_not_a_terminal(logged_run) -> None:
     _, log = logged_run
-    for i in (1, 2):
-        line = next(x for x in log.splitlines() if f"iteration {i}/2:" in x)
-        assert re.search(r"rollouts [\d.]+ s, learner [\d.]+ s, success .* loss", line), line
-        assert re.search(r"elapsed \d+:\d\d, about \d+:\d\d left$", line), line
+    line = next(x for x in log.splitlines() if "iteration 1/1:" in x)
+    assert re.search(r"rollouts [\d.]+ s, learner [\d.]+ s, success .* loss", line), line
+    assert re.search(r"elapsed \d+:\d\d, about \d+:\d\d left$", line), line
     assert "phases of the run" in log
     assert re.search(r"evaluation before: untrained, 2 meta-episodes in [\d.]+ s, computed", log)
 
@@ -101,12 +100,11 @@ def test_report_and_phases_json_hold_a_table_that_adds_up(logged_run) -> None:
     # Rows are rounded to 0.1 s; the report row is counted up to the table itself.
     assert sum(seconds.values()) == pytest.approx(total, abs=0.06 * len(seconds))
     sessions = json.loads((run / "phases.json").read_text())["sessions"]
-    assert len(sessions) == 1 and sessions[0]["iterations"] == [0, 2]
+    assert len(sessions) == 1 and sessions[0]["iterations"] == [0, 1]
     assert sum(sessions[0]["seconds"].values()) <= sessions[0]["wall_s"]
     assert "phases" in json.loads((run / "report.json").read_text())
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    elapsed = [x["perf/elapsed_s"] for x in lines if "perf/elapsed_s" in x]
-    assert len(elapsed) == 2 and elapsed[0] < elapsed[1]
+    assert 0 < lines[0]["perf/elapsed_s"] <= sessions[0]["wall_s"]
 
 
 def test_a_second_run_of_the_same_config_reads_the_baselines_from_the_cache(
