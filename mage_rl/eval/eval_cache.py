@@ -18,7 +18,9 @@ same figures again. So each is kept under a key over everything that could chang
    versions of the libraries that change results, and torch's thread count.
 
 Any change of any of them is another key, computed and stored afresh; nothing is shipped
-precomputed. Entries live in ``$MAGE_RL_CACHE/eval/KEY/`` (``~/.cache/mage-rl`` by
+precomputed; evaluations against a language-model opponent (``GAME:llm:...``, whose
+weights are not in the key) and those whose weights are not in this process are never
+cached. Entries live in ``$MAGE_RL_CACHE/eval/KEY/`` (``~/.cache/mage-rl`` by
 default): ``summary.json``, ``records.jsonl`` and ``entry.json`` (what the key was made
 of, when and in how many seconds the entry was computed). ``eval.cache: false`` turns the
 cache off for a run (nothing is read or stored); deleting the folder empties it.
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from mage_rl.cache import cache_root
+from mage_rl.plugins import ENV_VAR as PLUGINS_VAR
 from mage_rl.provenance import package_versions
 from mage_rl.rl.rollout import read_jsonl, write_jsonl
 
@@ -96,7 +99,10 @@ def _plugin_sources(specs: list[str]) -> dict[str, str | None]:
     for spec in specs:
         path: Path | None = Path(spec) if spec.endswith(".py") else None
         if path is None:
-            found = importlib.util.find_spec(spec)
+            try:
+                found = importlib.util.find_spec(spec)
+            except (ImportError, ValueError):
+                found = None
             path = Path(found.origin) if found is not None and found.origin else None
         out[spec] = (
             hashlib.blake2b(path.read_bytes(), digest_size=20).hexdigest()
@@ -127,7 +133,7 @@ def key_material(
 ) -> dict[str, Any]:
     """Everything an evaluation's figures depend on (the module docstring's list)."""
     plugins = list(cfg_dump.get("plugins") or [])
-    plugins += [p for p in os.environ.get("MAGE_RL_PLUGINS", "").split(os.pathsep) if p]
+    plugins += [p for p in os.environ.get(PLUGINS_VAR, "").split(os.pathsep) if p]
     return {
         "label": label,
         "config": evaluation_config(cfg_dump),

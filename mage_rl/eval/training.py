@@ -209,8 +209,16 @@ def evaluate_baselines(trainer: Any, progress: Any = None, clock: Any = None) ->
 
 def _cache_identity(trainer: Any) -> tuple[str, str] | None:
     """``(weights, tokenizer)`` digests of the engine's model for the evaluation cache, or
-    ``None`` when ``eval.cache`` is off or the weights are not in this process."""
+    ``None`` when ``eval.cache`` is off, the weights are not in this process, or an
+    opponent is a language model."""
     if not trainer.cfg.eval.cache:
+        return None
+    from mage_rl import runtime
+
+    if any(":llm:" in spec for spec in runtime.eval_population(trainer.cfg).specs):
+        # A language-model opponent's weights (a run that may still be training) are not
+        # in the key: such evaluations are played every time.
+        logger.info("evaluation cache: a language-model opponent plays; not used")
         return None
     model = getattr(trainer.engine, "model", None)
     if not isinstance(model, torch.nn.Module):

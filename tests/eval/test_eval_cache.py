@@ -156,3 +156,8 @@ def test_eval_cache_false_turns_the_cache_off() -> None:
     # Weights outside this process (a vLLM server): no identity, no cache.
     remote = SimpleNamespace(**{**vars(on), "engine": SimpleNamespace()})
     assert _cache_identity(remote) is None
+    # A language-model opponent, whose weights the key does not hold: no cache.
+    kuhn = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
+    llm = load_config(kuhn, ["env.population=kuhn_poker:llm:tiny"])
+    assert _cache_identity(SimpleNamespace(**{**vars(on), "cfg": llm})) is None
+    assert _cache_identity(SimpleNamespace(**{**vars(on), "cfg": load_config(kuhn)})) is not None
