@@ -69,48 +69,43 @@ def test_the_time_left_counts_the_iterations_left_and_the_last_evaluation(tmp_pa
     assert clock.estimate_left(2) == 52.0 and clock.estimate_left(5) == 7.0
 
 
-@pytest.fixture(scope="module")
-def logged_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """``mage train`` in a subprocess whose output goes to a pipe, as in a redirected log."""
-    run = tmp_path_factory.mktemp("phases") / "run"
-    args = [sys.executable, "-m", "mage_rl.cli", "train", str(CONFIG), "--run-dir", str(run)]
+def test_a_run_logs_its_iterations_and_phases_and_its_rerun_reads_the_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One test (a module fixture would train once per xdist worker): ``mage train`` in a
+    subprocess whose output goes to a pipe, as in a redirected log; then the same config
+    again in this process, whose evaluations before training come from the cache."""
+    first = tmp_path / "first"
+    args = [sys.executable, "-m", "mage_rl.cli", "train", str(CONFIG), "--run-dir", str(first)]
     args += [a for o in OVERRIDES for a in ("--set", o)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return run, done.stdout + done.stderr
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
 
-
-def test_every_iteration_logs_a_line_when_the_output_is_not_a_terminal(logged_run) -> None:
-    _, log = logged_run
+    # The line of the iteration, though the output is not a terminal.
     line = next(x for x in log.splitlines() if "iteration 1/1:" in x)
     assert re.search(r"rollouts [\d.]+ s, learner [\d.]+ s, success .* loss", line), line
     assert re.search(r"elapsed \d+:\d\d, about \d+:\d\d left$", line), line
     assert "phases of the run" in log
     assert re.search(r"evaluation before: untrained, 2 meta-episodes in [\d.]+ s, computed", log)
 
-
-def test_report_and_phases_json_hold_a_table_that_adds_up(logged_run) -> None:
-    run, _ = logged_run
-    seconds, total = table_seconds((run / "report.md").read_text())
+    # The phase table of report.md has every phase and adds up to its total.
+    seconds, total = table_seconds((first / "report.md").read_text())
     for phase in (SETUP, "evaluation before: untrained", "evaluation before: reflexion",
                   ROLLOUTS, LEARNER, "saving", "evaluation after", "report", OTHER):  # fmt: skip
         assert phase in seconds, phase
     assert seconds[ROLLOUTS] > 0 and seconds[LEARNER] > 0
     # Rows are rounded to 0.1 s; the report row is counted up to the table itself.
     assert sum(seconds.values()) == pytest.approx(total, abs=0.06 * len(seconds))
-    sessions = json.loads((run / "phases.json").read_text())["sessions"]
+    sessions = json.loads((first / "phases.json").read_text())["sessions"]
     assert len(sessions) == 1 and sessions[0]["iterations"] == [0, 1]
     assert sum(sessions[0]["seconds"].values()) <= sessions[0]["wall_s"]
-    assert "phases" in json.loads((run / "report.json").read_text())
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "phases" in json.loads((first / "report.json").read_text())
+    lines = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
     assert 0 < lines[0]["perf/elapsed_s"] <= sessions[0]["wall_s"]
 
-
-def test_a_second_run_of_the_same_config_reads_the_baselines_from_the_cache(
-    logged_run, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    first, _ = logged_run
+    # The same config again: both evaluations before training come from the cache.
     run = tmp_path / "again"
     args = ["train", str(CONFIG), "--run-dir", str(run), "--no-progress"]
     with caplog.at_level("INFO"):
