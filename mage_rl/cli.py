@@ -32,6 +32,7 @@ from mage_rl.plugins import (
     load_plugins,
 )
 from mage_rl.provenance import mark_start
+from mage_rl.rl.phases import process_start_time
 from mage_rl.serve.cli import register as register_serve
 from mage_rl.view.cli import register as register_view
 
@@ -159,7 +160,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return resume_command(args.config, run_dir, args.set, args.backend)
 
     try:
-        trainer = Trainer(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+        trainer = Trainer(
+            cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+            started=process_start_time(),
+        )  # fmt: skip
         try:
             result = trainer.run()
         except KeyboardInterrupt:

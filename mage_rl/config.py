@@ -30,7 +30,7 @@ from mage_rl.config_yaml import (
     strict_scalars,
     with_plugins_loaded,
 )
-from mage_rl.eval.settings import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
+from mage_rl.eval.training_settings import EvalSection
 from mage_rl.policy.models import model_spec_problem
 from mage_rl.rl.advantages import AdvantageConfig
 from mage_rl.rl.league import LeagueSection
@@ -349,45 +349,6 @@ def load_config(
 
 for _section in (ReturnConfig, AdvantageConfig, LearnerConfig):
     strict_scalars(_section)
-
-
-class EvalSection(_Strict):
-    """Periodic evaluation during training, on a fixed set of task seeds."""
-
-    every: int = Field(
-        0, ge=0, description="Evaluate every N iterations (0: only after the last one)."
-    )
-    tasks: int = Field(16, ge=0, description="Task instances per evaluation (0 disables it).")
-    seed: int = Field(
-        EVAL_SEED, description="Base seed of the evaluation tasks (kept apart from training seeds)."
-    )
-    temperature: float = Field(
-        EVAL_TEMPERATURE, ge=0.0, description="Evaluation sampling (SPEC §6: 0.7)."
-    )
-    top_p: float = Field(EVAL_TOP_P, gt=0.0, le=1.0, description="Evaluation top-p (SPEC §6: 0.8).")
-    top_k: int = Field(EVAL_TOP_K, ge=0, description="Evaluation top-k (SPEC §6: 20).")
-    before: bool = Field(
-        False,
-        description="Also evaluate the untrained policy before iteration 1 (label "
-        "`untrained`), on the same tasks.",
-    )
-    baselines: list[str] = Field(
-        default_factory=list,
-        description="Agents (react, reflexion or a registered one) evaluated on the base "
-        "model before iteration 1, on the same tasks and settings.",
-    )
-    baseline_tasks: int = Field(
-        0,
-        ge=0,
-        description="Task instances for the agents of `baselines` (0, or `tasks` and more: "
-        "all of them). Fewer plays the first ones of the same tasks (stratified: the first "
-        "seeds of every stratum, at least 2), for a cheaper comparison with wider intervals.",
-    )
-    stratify: bool = Field(
-        False,
-        description="Stratified tasks: every opponent, seat and deal of the last "
-        "episode alike (two-player card games; narrows the ev@k intervals).",
-    )
 
 
 class TrainSection(_Strict):

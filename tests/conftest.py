@@ -92,6 +92,7 @@ LONG_MODULES = (
     "tests/test_plugins.py",
     "tests/train/test_new_game_configs.py",
     "tests/train/test_train_cli.py",
+    "tests/train/test_phases.py",
     "tests/serve/test_shutdown_keys.py",
     "tests/graphs/test_tracing.py",
     "tests/cluster/test_core_without_cluster_stack.py",

@@ -105,10 +105,15 @@ class RayTrainer(Trainer):
     """
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        resume: bool = False,
+        progress: bool = True,
+        started: float | None = None,
     ) -> None:
         ray = require("ray", "train.backend=ray")
-        super().__init__(cfg, run_dir, resume=resume, progress=progress)
+        super().__init__(cfg, run_dir, resume=resume, progress=progress, started=started)
         self._ray = ray
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:

@@ -350,14 +350,35 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
     return out
 
 
+def _cache_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A line naming the rows whose figures came from the evaluation cache, if any."""
+    cached = [(name, s["cache"]) for name, s in rows if s.get("cache", {}).get("hit")]
+    if not cached:
+        return []
+    said = "; ".join(
+        f"{name} computed on {c.get('computed_at')} in {c.get('computed_seconds', 0):.1f} s "
+        f"(key {str(c.get('key'))[:12]})"
+        for name, c in cached
+    )
+    return ["", f"From this machine's evaluation cache (`eval.cache`, docs/training.md): {said}. "
+            "`--set eval.cache=false` plays them again."]  # fmt: skip
+
+
 def write_training_report(
-    run_dir: Path, cfg: Any, final_iteration: int, started: float | None = None
+    run_dir: Path,
+    cfg: Any,
+    final_iteration: int,
+    started: float | None = None,
+    phases: Any = None,
 ) -> dict[str, Any]:
     """Write ``report.md``, ``report.json`` and ``learning_curve.png``.
 
+    ``started`` (``time.time()`` when the command began) sets the stamp's wall time;
+    ``phases`` (the run's :class:`~mage_rl.rl.phases.RunClock`) adds the table of where
+    the time went.
+
     Returns:
         The paths of the report and the plot, and the verdict lines on the last episode.
-        ``started`` (``time.time()`` when the command began) sets the stamp's wall time.
     """
     k = cfg.meta.episodes
     final = checkpoint_name(final_iteration)
@@ -399,6 +420,7 @@ def write_training_report(
         for name, summary in rows:
             cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += _cache_lines(rows)
     decisions, decision_counts = _decisions(run_dir, cfg, final)
     lines += decisions
     if oracle:
@@ -441,6 +463,8 @@ def write_training_report(
             *_verdict_lines(found, k),
         ]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
+    if phases is not None:
+        lines += ["", "## Where the time went", "", *phases.markdown()]
     doc = {
         "rows": dict(rows),
         "oracle": oracle,
@@ -448,6 +472,7 @@ def write_training_report(
         "verdicts": found,
         "exploitability": exploit,
         **decision_counts,
+        **({"phases": phases.summary()} if phases is not None else {}),
     }
     write_results(run_dir / "report.json", doc, started=started)
     stamp = doc["provenance"]

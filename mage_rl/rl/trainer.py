@@ -52,6 +52,17 @@ from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.league import League
 from mage_rl.rl.learner import Learner
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
+from mage_rl.rl.phases import (
+    EVAL_AFTER,
+    EVAL_DURING,
+    LEARNER,
+    PHASES_FILE,
+    REPORT,
+    ROLLOUTS,
+    SAVING,
+    SETUP,
+    RunClock,
+)
 from mage_rl.rl.run_folder import (
     STATE_FILE,
     check_resume_config,
@@ -99,10 +110,17 @@ class Trainer:
         run_dir: The run folder (created if missing).
         resume: Continue from the newest complete checkpoint in ``run_dir``.
         progress: Show a progress display on the terminal.
+        started: ``time.time()`` when the command began, where set-up starts (default:
+            now).
     """
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, resume: bool = False, progress: bool = True
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path,
+        resume: bool = False,
+        progress: bool = True,
+        started: float | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -141,6 +159,9 @@ class Trainer:
             clear_retired(self.run_dir / "checkpoints")
             write_run_config(self.run_dir, cfg.model_dump(mode="json"))
             self.metrics = MetricsLogger(self.run_dir, self.start_iteration)
+        began = min(started or self._started, self._started)
+        self.clock = RunClock(self.run_dir, began, self.start_iteration, cfg.train.iterations)
+        self.clock.add(SETUP, time.time() - began)
 
     def build_backend(self, checkpoint: Path | None) -> int:
         """Load the policy and its learner; return the iteration to start from.
@@ -275,6 +296,11 @@ class Trainer:
             )
         return path
 
+    def save_phases(self) -> None:
+        """Write ``phases.json``: the phase table so far (:mod:`mage_rl.rl.phases`)."""
+        with writing(self.run_dir / PHASES_FILE):
+            self.clock.save()
+
     def log(self, iteration: int, scalars: dict[str, float]) -> None:
         """Log one iteration's scalars (``metrics.jsonl`` and TensorBoard)."""
         with writing(self.run_dir / "metrics.jsonl"):
@@ -317,7 +343,7 @@ class Trainer:
                     return lambda _r: progress.advance(ep_bar)
 
                 if self.start_iteration == 0 and cfg.eval.tasks:
-                    evaluate_baselines(self, eval_bar)
+                    evaluate_baselines(self, eval_bar, self.clock)
                 for iteration in range(self.start_iteration, total):
                     progress.reset(ep_bar, total=per_iter, description="meta-episodes")
                     t0 = time.perf_counter()
@@ -325,19 +351,25 @@ class Trainer:
                     t1 = time.perf_counter()
                     stats = self.learn(records)
                     t2 = time.perf_counter()
+                    self.clock.add(ROLLOUTS, t1 - t0)
+                    self.clock.add(LEARNER, t2 - t1)
                     self.iteration = iteration + 1
                     scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
                     if samples_due(self.iteration, total, cfg.train.save_samples):
-                        self.save_samples(self.iteration)
+                        with self.clock.phase(SAVING):
+                            self.save_samples(self.iteration)
                     if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
-                        last_eval = self.evaluate(self.iteration, eval_bar("trained"))
+                        with self.clock.phase(EVAL_DURING):
+                            last_eval = self.evaluate(self.iteration, eval_bar("trained"))
                         scalars.update(flatten_summary(last_eval, "eval"))
+                    scalars["perf/elapsed_s"] = self.clock.elapsed()
                     # Logged before the save: a kill in between resumes from the checkpoint
                     # before, which cuts this line and logs the iteration again, once.
-                    self.log(self.iteration, scalars)
-                    if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
-                        self.save(self.iteration)
-                        last_saved = self.iteration
+                    with self.clock.phase(SAVING):
+                        self.log(self.iteration, scalars)
+                        if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
+                            self.save(self.iteration)
+                            last_saved = self.iteration
                     if self.league is not None:
                         self.league.record(records)
                         if self.iteration % cfg.league.every == 0 and self.iteration < total:
@@ -352,18 +384,25 @@ class Trainer:
                         f"loss {stats['loss']:+.3f}"
                     )
                     progress.update(it_bar, advance=1, info=info)
+                    ev = scalars.get(f"charts/ev@{cfg.meta.episodes}")
+                    figures = info + ("" if ev is None else f" ev@{cfg.meta.episodes} {ev:+.2f}")
+                    self.clock.iteration_done(self.iteration, t1 - t0, t2 - t1,
+                                              time.perf_counter() - t0, figures)  # fmt: skip
+                    self.save_phases()
                 if (
                     cfg.eval.tasks
                     and not final_logged
                     and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
                 ):
-                    last_eval = self.evaluate(self.iteration, eval_bar("trained"))
-                    self.log(self.iteration, flatten_summary(last_eval, "eval"))
+                    with self.clock.phase(EVAL_AFTER):
+                        last_eval = self.evaluate(self.iteration, eval_bar("trained"))
+                        self.log(self.iteration, flatten_summary(last_eval, "eval"))
             finished = True
         except KeyboardInterrupt:
             if self.iteration > last_saved:
                 logger.warning("interrupted: saving iteration %d before exiting", self.iteration)
                 self.save(self.iteration)
+            self.save_phases()
             raise
         finally:
             self.engine.close()
@@ -380,8 +419,12 @@ class Trainer:
         checkpoint = latest_checkpoint(self.run_dir)
         written = {}
         if last_eval is not None:
-            with writing(self.run_dir):
-                written = write_training_report(self.run_dir, cfg, self.iteration, self._started)
+            with writing(self.run_dir), self.clock.phase(REPORT):
+                written = write_training_report(
+                    self.run_dir, cfg, self.iteration, self._started, self.clock
+                )
+        self.clock.log_table()
+        self.save_phases()
         return {
             "run_dir": str(self.run_dir),
             "checkpoint": str(checkpoint / "model") if checkpoint else None,

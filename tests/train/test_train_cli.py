@@ -79,6 +79,10 @@ def test_resume_continues_from_the_saved_step_with_optimizer_state(
     assert step_after > step_before >= 2
     assert learner_steps["step"] == step_after
     assert not (run_dir / "checkpoints" / "iter_000001").exists()  # keep_checkpoints: 2
+    # The phase table adds the resumed session to the first one and says so.
+    sessions = json.loads((run_dir / "phases.json").read_text())["sessions"]
+    assert [(s["resumed_from"], s["iterations"]) for s in sessions] == [(None, [0, 2]), (2, [2, 3])]
+    assert "2 sessions (resumed from iteration 2)" in (run_dir / "report.md").read_text()
 
 
 def test_starting_over_an_existing_run_is_refused(run_dir: Path, capsys) -> None:
