@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.paired import paired_difference
 from mage_rl.eval.stats import Estimate, bounded, mean_interval, wilson_interval
 
 PROBES: dict[str, Callable[[dict[str, Any]], bool]] = {
@@ -197,12 +198,10 @@ def paired_last(
     bounds: tuple[float | None, float | None],
 ) -> dict[str, Any]:
     """Reference minus other, last episode, over the tasks both played."""
-    shared = sorted(set(reference) & set(other))
-    diffs = [_payoff(reference[t][-1]) - _payoff(other[t][-1]) for t in shared]
-    low, high = bounds
-    span = (low - high, high - low) if low is not None and high is not None else (None, None)
-    est = bounded_mean_interval(diffs, *span)
-    return {"tasks": len(shared), "difference": est.to_dict()}
+    ref = {t: _payoff(eps[-1]) for t, eps in reference.items()}
+    oth = {t: _payoff(eps[-1]) for t, eps in other.items()}
+    found = paired_difference(ref, oth, bounds)  # type: ignore[arg-type]
+    return {"tasks": found["tasks"], "difference": found["difference"]}
 
 
 def verdict(

@@ -19,6 +19,7 @@ deal and an opponent, so with ``rollouts > 1`` the intervals are somewhat too na
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
@@ -170,3 +171,42 @@ def bounded(est: Estimate, low: float | None, high: float | None, level: float =
         assert w.low is not None and w.high is not None
         return Estimate(est.mean, low + w.low * (high - low), low + w.high * (high - low), est.n)
     return Estimate(est.mean, max(low, est.low), min(high, est.high), est.n)
+
+
+def stratified_mean(
+    values: Sequence[float],
+    strata: Sequence[str],
+    weights: dict[str, float],
+    level: float = 0.95,
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> Estimate:
+    """The stratified mean of ``values`` and its Student-t interval.
+
+    Strata without values are left out and the others' weights renormalised (say, when
+    an estimate is restricted to one seat). A stratum with one value has no spread of
+    its own; it then borrows the pooled within-stratum variance. With ``bounds`` (the
+    range of one value) the interval stays inside them, and one of zero width (every
+    stratum constant) becomes Wilson's for the share of the range
+    (:func:`~mage_rl.eval.stats.bounded`).
+    """
+    groups: dict[str, list[float]] = defaultdict(list)
+    for value, key in zip(values, strata, strict=True):
+        groups[key].append(float(value))
+    n = sum(len(v) for v in groups.values())
+    if n == 0:
+        return Estimate(None, None, None, 0)
+    total = sum(weights[k] for k in groups)
+    means = {k: sum(v) / len(v) for k, v in groups.items()}
+    dof = n - len(groups)
+    pooled = (
+        sum((x - means[k]) ** 2 for k, v in groups.items() for x in v) / dof if dof > 0 else 0.0
+    )
+    mean = sum(weights[k] / total * means[k] for k in groups)
+    var = 0.0
+    for k, v in groups.items():
+        s2 = sum((x - means[k]) ** 2 for x in v) / (len(v) - 1) if len(v) > 1 else pooled
+        var += (weights[k] / total) ** 2 * s2 / len(v)
+    if dof <= 0:
+        return Estimate(mean, None, None, n)
+    half = t_quantile(level, dof) * math.sqrt(var)
+    return bounded(Estimate(mean, mean - half, mean + half, n), *bounds, level=level)

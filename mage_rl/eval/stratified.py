@@ -12,7 +12,7 @@ tell two policies apart. Stratified sampling removes that part of the spread:
    is played equally often. Earlier episodes are dealt as usual.
 3. Each stratum has a weight: the opponent's population weight, times the seat's share
    (one half each under ``seat: sampled``), times the chance probability of the deal.
-4. :func:`stratified_mean` estimates a mean payoff as ``sum_h W_h * mean_h``, with the
+4. :func:`~mage_rl.eval.stats.stratified_mean` estimates a mean payoff as ``sum_h W_h * mean_h``, with the
    variance ``sum_h W_h**2 * s_h**2 / n_h`` of the within-stratum spreads only
    (Cochran, *Sampling Techniques*, ch. 5), and a Student-t interval with ``n - H``
    degrees of freedom.
@@ -24,7 +24,6 @@ seat and opponent explain.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import pyspiel
 from mage_rl.envs import env_spec, make_env
 from mage_rl.envs.base import episode_seed
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.stats import Estimate, bounded, t_quantile
+from mage_rl.eval.stats import stratified_mean
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.rollout import TaskInstance
 
@@ -174,45 +173,6 @@ def _all_first_deals(game: Any, seat: int) -> list[tuple[int, ...]]:
 
     walk(game.new_initial_state(), ())
     return out
-
-
-def stratified_mean(
-    values: Sequence[float],
-    strata: Sequence[str],
-    weights: dict[str, float],
-    level: float = 0.95,
-    bounds: tuple[float | None, float | None] = (None, None),
-) -> Estimate:
-    """The stratified mean of ``values`` and its Student-t interval.
-
-    Strata without values are left out and the others' weights renormalised (say, when
-    an estimate is restricted to one seat). A stratum with one value has no spread of
-    its own; it then borrows the pooled within-stratum variance. With ``bounds`` (the
-    range of one value) the interval stays inside them, and one of zero width (every
-    stratum constant) becomes Wilson's for the share of the range
-    (:func:`~mage_rl.eval.stats.bounded`).
-    """
-    groups: dict[str, list[float]] = defaultdict(list)
-    for value, key in zip(values, strata, strict=True):
-        groups[key].append(float(value))
-    n = sum(len(v) for v in groups.values())
-    if n == 0:
-        return Estimate(None, None, None, 0)
-    total = sum(weights[k] for k in groups)
-    means = {k: sum(v) / len(v) for k, v in groups.items()}
-    dof = n - len(groups)
-    pooled = (
-        sum((x - means[k]) ** 2 for k, v in groups.items() for x in v) / dof if dof > 0 else 0.0
-    )
-    mean = sum(weights[k] / total * means[k] for k in groups)
-    var = 0.0
-    for k, v in groups.items():
-        s2 = sum((x - means[k]) ** 2 for x in v) / (len(v) - 1) if len(v) > 1 else pooled
-        var += (weights[k] / total) ** 2 * s2 / len(v)
-    if dof <= 0:
-        return Estimate(mean, None, None, n)
-    half = t_quantile(level, dof) * math.sqrt(var)
-    return bounded(Estimate(mean, mean - half, mean + half, n), *bounds, level=level)
 
 
 def payoff_range(env_name: str) -> tuple[float | None, float | None]:

@@ -34,19 +34,18 @@ from mage_rl.eval.oracles import kuhn_oracle
 from mage_rl.eval.play import run_config
 from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
 from mage_rl.eval.training import UNTRAINED, baseline_labels
+from mage_rl.eval.verdicts import (
+    fmt_payoff,
+    paired_verdicts,
+    seat_weights,
+    verdict_lines,
+    verdicts,
+)
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
 from mage_rl.rl.run_folder import checkpoint_name
 
 SEATS = ("first", "second")
-
-
-def _fmt(est: dict[str, Any] | None) -> str:
-    if not est or est.get("mean") is None:
-        return "–"
-    if est.get("low") is None:
-        return f"{est['mean']:+.3f}"
-    return f"{est['mean']:+.3f} [{est['low']:+.3f}, {est['high']:+.3f}]"
 
 
 def _rate(est: dict[str, Any]) -> str:
@@ -163,101 +162,6 @@ def _decisions(run_dir: Path, cfg: Any, final: str) -> tuple[list[str], dict[str
     return lines, doc
 
 
-def _episode_ev(summary: dict[str, Any], index: int) -> dict[str, Any] | None:
-    """Episode ``index``'s ev over all seats with its interval (stratified when it is)."""
-    block = summary.get("stratified") or summary["intervals"]
-    evs = block.get("ev@k") if block else None
-    if not evs or index >= len(evs) or evs[index].get("mean") is None:
-        return None
-    return evs[index]
-
-
-def _seat_weights(cfg: Any) -> dict[str, float]:
-    """Each seat's share of the tasks (``env.seat``)."""
-    seat = str(cfg.env.seat)
-    if seat in ("first", "0"):
-        return {"first": 1.0}
-    if seat in ("second", "1"):
-        return {"second": 1.0}
-    return {"first": 0.5, "second": 0.5}
-
-
-def _pair(last: dict[str, Any], other: dict[str, Any], label: str) -> dict[str, Any]:
-    """One verdict: both estimates and whether the last episode is higher, intervals apart."""
-    keep = ("mean", "low", "high", "n")
-    return {
-        "last": {k: last.get(k) for k in keep},
-        label: {k: other.get(k) for k in keep},
-        "apart": bool(
-            last.get("low") is not None
-            and other.get("high") is not None
-            and last["low"] > other["high"]
-        ),
-    }
-
-
-def verdicts(
-    rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, cfg: Any
-) -> dict[str, Any]:
-    """The trained agent's last episode against its first, the best fixed strategy and
-    the untrained model, in the game's payoff with 95 % intervals (``report.json``).
-
-    The best fixed strategy is the exact value of the best strategy that ignores earlier
-    episodes (``mage oracle``), weighted over the seats the tasks use; its interval is the
-    value itself. A verdict is left out when its numbers are missing (no payoff, no
-    oracle, no untrained evaluation).
-    """
-    named = dict(rows)
-    after = next((s for n, s in rows if n.startswith("trained")), None)
-    if after is None:
-        return {}
-    k = cfg.meta.episodes
-    last = _episode_ev(after, k - 1)
-    if last is None:
-        return {}
-    out: dict[str, Any] = {}
-    first = _episode_ev(after, 0)
-    if first is not None and k > 1:
-        out["last_vs_first"] = _pair(last, first, "first")
-    if oracle:
-        weights = _seat_weights(cfg)
-        value = sum(w * oracle[seat]["best_fixed"] for seat, w in weights.items())
-        out["last_vs_best_fixed"] = _pair(
-            last, {"mean": value, "low": value, "high": value, "n": None}, "best_fixed"
-        )
-    before = named.get(UNTRAINED)
-    untrained = _episode_ev(before, k - 1) if before else None
-    if untrained is not None:
-        out["last_vs_untrained"] = _pair(last, untrained, "untrained")
-    return out
-
-
-VERDICT_WORDS = {
-    "last_vs_first": "its own first episode",
-    "last_vs_best_fixed": "the best fixed strategy (exact)",
-    "last_vs_untrained": "the untrained model's last episode",
-}
-
-
-def _verdict_lines(found: dict[str, Any], k: int) -> list[str]:
-    lines = []
-    for key, words in VERDICT_WORDS.items():
-        if key not in found:
-            continue
-        v = found[key]
-        other = next(val for name, val in v.items() if name not in ("last", "apart"))
-        if v["apart"]:
-            word = "above, 95 % intervals apart"
-        elif v["last"]["mean"] > other["mean"]:
-            word = "above, but the 95 % intervals overlap"
-        else:
-            word = "not above"
-        exact = other.get("low") == other.get("high")
-        shown = f"{other['mean']:+.4f}" if exact else _fmt(other)
-        lines.append(f"- `{key}`: trained {_fmt(v['last'])} against {words} {shown}: {word}.")
-    return lines
-
-
 def _last_success(summary: dict[str, Any], seat: str | None) -> dict[str, Any] | None:
     """success@K with its interval, for games without a payoff."""
     block = summary["intervals"] if seat is None else summary["intervals"]["by_seat"].get(seat)
@@ -272,7 +176,7 @@ def _verdict(rows: list[tuple[str, dict[str, Any]]], oracle: dict | None, k: int
         return []
     chips = _last_ev(after, None) is not None
     metric, last, fmt = (
-        (f"ev@{k}", _last_ev, _fmt) if chips else (f"success@{k}", _last_success, _rate)
+        (f"ev@{k}", _last_ev, fmt_payoff) if chips else (f"success@{k}", _last_success, _rate)
     )
     lines = []
     for seat in (None, *SEATS):
@@ -411,14 +315,14 @@ def write_training_report(
         evs = (summary.get("stratified") or iv).get("ev@k", [None] * k)
         lines.append(
             f"| {name} | " + " | ".join(_rate(e) for e in iv["success@k"])
-            + " | " + " | ".join(_fmt(e) for e in evs)
+            + " | " + " | ".join(fmt_payoff(e) for e in evs)
             + f" | {iv['turns']['invalid_share']:.2f} |"
         )  # fmt: skip
     if any("ev@k" in s["intervals"] for _, s in rows):
         lines += ["", f"ev@{k} by seat:", "", "| agent | first seat | second seat |",
                   "| --- | --- | --- |"]  # fmt: skip
         for name, summary in rows:
-            cells = [_fmt(_last_ev(summary, seat)) for seat in SEATS]
+            cells = [fmt_payoff(_last_ev(summary, seat)) for seat in SEATS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += _cache_lines(rows)
     decisions, decision_counts = _decisions(run_dir, cfg, final)
@@ -431,7 +335,7 @@ def write_training_report(
             f"{unit}:",
             "",
         ]
-        for seat in (s for s in SEATS if s in _seat_weights(cfg)):
+        for seat in (s for s in SEATS if s in seat_weights(cfg)):
             v = oracle[seat]
             bayes = (
                 f", Bayes last episode after {k - 1} episodes {v['bayes_last_hand']:+.4f}"
@@ -452,7 +356,7 @@ def write_training_report(
     verdict = _verdict(rows, oracle, k)
     if verdict:
         lines += ["", "## Last episode, trained against untrained", "", *verdict]
-    found = verdicts(rows, oracle, cfg)
+    found = verdicts(rows, oracle, cfg, paired_verdicts(run_dir, cfg, final))
     if found:
         lines += [
             "",
@@ -460,7 +364,7 @@ def write_training_report(
             "",
             f"The trained agent's episode {k} (payoff per episode, all seats), against:",
             "",
-            *_verdict_lines(found, k),
+            *verdict_lines(found, k),
         ]
     plot = _plot(run_dir, rows, oracle, k, final_iteration)
     if phases is not None:

@@ -10,6 +10,7 @@ import pytest
 
 from mage_rl.cli import main
 from mage_rl.config import TrainConfig, load_config
+from mage_rl.eval.verdicts import VERDICT_FIELDS
 
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 SETTINGS = [
@@ -71,8 +72,20 @@ def test_the_report_compares_untrained_baselines_and_trained(tmp_path: Path, cap
     assert found["last_vs_best_fixed"]["best_fixed"]["mean"] == pytest.approx(1 / 6)  # first seat
     for verdict in found.values():
         assert verdict["last"]["mean"] == last["mean"] and verdict["last"]["low"] == last["low"]
-        other = next(v for k, v in verdict.items() if k not in ("last", "apart"))
-        assert verdict["apart"] == (last["low"] > other["high"])
+        other = next(v for k, v in verdict.items() if k not in VERDICT_FIELDS)
+        assert verdict["intervals_apart"] == (last["low"] > other["high"])
+    # Against the first episode and the untrained model the verdict is paired, task by
+    # task over the same 18 tasks and strata: the stratified mean of the differences is
+    # the difference of the stratified means, and ``apart`` is its interval above 0.
+    for key, other in (("last_vs_first", "first"), ("last_vs_untrained", "untrained")):
+        paired = found[key]["paired"]
+        assert paired["tasks"] == 18 and paired["stratified"]
+        diff = paired["difference"]
+        assert diff["mean"] == pytest.approx(last["mean"] - found[key][other]["mean"])
+        assert found[key]["apart"] == (diff["low"] > 0)
+        assert -2.0 <= diff["low"] <= diff["mean"] <= diff["high"] <= 2.0  # Kuhn: -2..2 chips
+    assert "paired" not in found["last_vs_best_fixed"]
+    assert "paired over 18 tasks" in report
     # What each agent answered at each state: the first seat against one opponent has
     # two kinds of decision per card; every play answer of the evaluation is counted.
     assert "What each agent answered at each decision state" in report
