@@ -16,8 +16,9 @@ What it writes into ``OUT``:
 - ``ablation.md``: the same as tables, every run shown, failed ones too;
 - ``ablation.png``: first and last episode per variant and seed, with the references.
 
-A finished run (its ``report.json`` written) is reused when the command runs again; an
-interrupted one resumes from its newest checkpoint.
+A finished run (its ``report.json`` written) is reused when the command runs again, if its
+``config.yaml`` is the one this command would train (the command refuses to start
+otherwise); an interrupted one resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -279,12 +280,46 @@ def train_command(
     return command
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether a run folder holds a finished run (its report and final evaluation)."""
+    return (run_dir / "report.json").exists() and final_eval_file(run_dir) is not None
+
+
+def reuse_problem(
+    run_dir: Path, config: str, variant: Variant, seed: int, sets: Sequence[str]
+) -> str | None:
+    """Why the finished run in ``run_dir`` cannot stand for this variant and seed: the
+    settings in which its ``config.yaml`` differs from the one this command would train
+    (``None`` when none does). Settings the saved file lacks (a newer version of this
+    package added them) are not compared."""
+    import yaml
+
+    from mage_rl.config import load_config
+    from mage_rl.rl.run_folder import CONFIG_FILE, _flatten, recorded_config
+
+    saved_path = run_dir / CONFIG_FILE
+    if not saved_path.exists():
+        return f"{saved_path} is missing"
+    overrides = [*variant_overrides(variant, sets), f"rollout.seed={seed}", f"learner.seed={seed}"]
+    fresh = _flatten(recorded_config(load_config(config, overrides).model_dump(mode="json")))
+    saved = _flatten(yaml.safe_load(saved_path.read_text()) or {})
+    changed = [
+        f"{key} (the run has {saved[key]!r}, this command {fresh[key]!r})"
+        for key in sorted(set(saved) & set(fresh))
+        if saved[key] != fresh[key]
+    ]
+    return "; ".join(changed) or None
+
+
 def run_one(command: list[str], run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Train one run unless it has finished (resuming an interrupted one)."""
+    """Train one run unless it has finished (resuming an interrupted one). A finished
+    run is reused; its entry says when and at which commit it was trained."""
     from mage_rl.rl.run_folder import latest_checkpoint
 
-    if (run_dir / "report.json").exists() and final_eval_file(run_dir) is not None:
-        return {"status": "done", "reused": True}
+    if finished(run_dir):
+        stamp = json.loads((run_dir / "report.json").read_text()).get("provenance", {})
+        trained = {k: stamp.get(k) for k in ("commit", "dirty", "started_at", "wall_seconds")}
+        return {"status": "done", "reused": True, "trained": trained}
     run_dir.mkdir(parents=True, exist_ok=True)
     if latest_checkpoint(run_dir) is not None:
         command = [*command, "--resume"]
@@ -339,8 +374,15 @@ def markdown(doc: dict[str, Any]) -> str:
                 )
                 continue
             v = run.get("verdict")
+            status = "done"
+            if run.get("reused"):
+                when = run.get("trained") or {}
+                commit = (when.get("commit") or "?")[:7] + (" dirty" if when.get("dirty") else "")
+                status = (
+                    f"done (reused: trained at {commit}, {(when.get('started_at') or '?')[:10]})"
+                )
             lines.append(
-                f"| {variant['name']} | {seed} | done | {_fmt(run['first'])} | **{_fmt(run['last'])}** | "
+                f"| {variant['name']} | {seed} | {status} | {_fmt(run['first'])} | **{_fmt(run['last'])}** | "
                 f"{_share(run['first_probe_share'])} | {_fmt(v['difference']) if v else '(reference)'} | "
                 f"{v['verdict'] if v else ''} |"
             )

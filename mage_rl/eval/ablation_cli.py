@@ -31,8 +31,22 @@ def run_ablation(
     started = time.time()
     variants = ab.parse_vary(vary)
     seeds = ab.parse_seeds(seeds_text)
+    stale = []
     for variant in variants:  # fail before the first hour of training, not after
         load_config(config, ab.variant_overrides(variant, sets))
+        for seed in seeds:
+            run_dir = out / "runs" / variant.slug / f"seed{seed}"
+            problem = ab.finished(run_dir) and ab.reuse_problem(
+                run_dir, config, variant, seed, sets
+            )
+            if problem:
+                stale.append(f"{run_dir}: {problem}")
+    if stale:
+        raise ValueError(
+            "these finished runs were trained with other settings than this command's, so "
+            "they cannot be reused; move them away or choose another --out:\n  "
+            + "\n  ".join(stale)
+        )
     cfg = load_config(config, sets)
     k = cfg.meta.episodes
     bounds = payoff_range(cfg.env.name)

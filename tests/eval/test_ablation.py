@@ -16,6 +16,7 @@ from mage_rl.eval.ablation import (
     parse_vary,
     verdict,
 )
+from mage_rl.eval.ablation_cli import run_ablation
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 TINY = [
@@ -97,3 +98,24 @@ def test_ablate_runs_every_variant_and_seed(tmp_path: Path) -> None:
     assert main(args) == 0
     again = json.loads((out / "ablation.json").read_text())
     assert all(r.get("reused") for v in again["variants"] for r in v["seeds"].values())
+    first = doc["variants"][0]["seeds"]["1"]
+    reused = again["variants"][0]["seeds"]["1"]["trained"]
+    assert reused["started_at"] and reused["wall_seconds"] > 0
+    assert (reused["commit"], reused["dirty"]) == (
+        doc["provenance"]["commit"],
+        doc["provenance"]["dirty"],
+    )
+    assert again["variants"][0]["seeds"]["1"]["last"] == first["last"]
+    assert "done (reused: trained at " in (out / "ablation.md").read_text()
+    # A finished run whose settings are not the command's is refused before any training,
+    # naming the folder and the setting.
+    stale = out / "runs" / "mode-single_episode" / "seed1" / "config.yaml"
+    stale.write_text(stale.read_text().replace("omega: 4.0", "omega: 1.0"))
+    with pytest.raises(ValueError, match=r"seed1: advantages\.omega \(the run has 1\.0"):
+        run_ablation(
+            str(CONFIGS / "showdown_smollm2.yaml"),
+            ["returns.mode=differential,single_episode"],
+            "1",
+            out,
+            list(TINY),
+        )
