@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/house_figures.py [REPO_DIR]
 
-Prints, as JSON: lines of Python under ``mage_rl/``, leaf keys of a training config,
+Prints, as JSON: lines of Python under ``mage_rl/``, the ten largest modules and how many
+modules pass 500 lines (a size is tracked here, not enforced: modules split by concept), leaf keys of a training config,
 flags of every ``mage`` sub-command, imports of ``mage_rl`` modules made inside function
 bodies, the import cycles among ``mage_rl`` modules when those count (strongly connected
 groups of more than one module), and the files git tracks under ``docs/``. Reads the source only (the
@@ -120,9 +121,12 @@ def figures(repo: Path) -> dict[str, object]:
         ["git", "-C", str(repo), "ls-files", "docs"], capture_output=True, text=True, check=True
     )
     docs = [Path(line) for line in tracked.stdout.splitlines()]
+    sizes = sorted(((len(f.read_text().splitlines()), n) for n, f in modules.items()), reverse=True)
     return {
         "lines_in_mage_rl": lines,
         "modules": len(files),
+        "largest_modules": {name: n for n, name in sizes[:10]},
+        "modules_over_500_lines": sum(n > 500 for n, _ in sizes),
         "function_level_imports_of_mage_rl_modules": inner_count,
         "import_cycles": [len(c) for c in _cycles(graph)],
         "files_under_docs": len(docs),

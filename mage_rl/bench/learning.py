@@ -14,6 +14,13 @@ Three small games, one set of learner settings, exact reference values for each:
 - ``kuhn_k3``: Kuhn Poker against ``kuhn_train``, K = 3 fresh hands, both seats. Reported:
   the value by hand against the exact best fixed strategy and the Bayes value of the
   last hand (SPEC §9).
+- ``showdown``: the showdown against ``showdown_train`` (a bluffer and an honest bettor),
+  K = 2, where information has a price (SPEC §11): only a call, worth -0.25 blind, shows
+  the opponent's hand. Reported: the share of first episodes that call, the last
+  episode's calls after a weak hand, a strong one or nothing shown, and the value by
+  episode against the exact optimum of the last episode (+0.5) and the best fixed (0).
+  With the suite's settings it asks whether the learner pays for information; how the
+  settings bear on that (``advantages.omega``) is in docs/algorithm.md section 7.
 
 Every probe trains the same learner settings (``--config``: the ``policy``, ``rollout``,
 ``returns``, ``advantages`` and ``learner`` sections of a training config; the probe sets
@@ -36,6 +43,8 @@ from typing import Any
 import yaml
 
 from mage_rl.envs.parsing import extract_action
+from mage_rl.eval.ablation import PROBES as CALLED
+from mage_rl.eval.ablation import SITUATIONS, run_summary
 from mage_rl.eval.stats import wilson_interval
 from mage_rl.provenance import write_results
 
@@ -108,6 +117,15 @@ PROBES = {
         eval_tasks=72,
         stratify=True,
         question="does its last hand beat the best fixed strategy?",
+    ),
+    "showdown": Probe(
+        "showdown",
+        {"name": "showdown", "population": "showdown_train", "seat": "second", "protocol": "fresh"},
+        episodes=2,
+        iterations=20,
+        eval_tasks=100,
+        stratify=True,
+        question="does it call first to see the hand, and then call only the bluffer?",
     ),
 }
 
@@ -236,8 +254,20 @@ def kuhn_card_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"bet_share": out, "bet_spread_over_cards": spread}
 
 
+def showdown_figures(records: Sequence[dict[str, Any]], k: int) -> dict[str, Any]:
+    """The share of first episodes that call (the probe), and of last episodes that call
+    after what the earlier calls showed (a weak hand, only strong ones, nothing)."""
+    episodes = {(r["opponent"], r["seed"], r["seat"]): r["episodes"] for r in records}
+    found = run_summary(episodes, k, (None, None), CALLED["showdown"], SITUATIONS["showdown"])
+    return {
+        "first_call_share": found["first_probe_share"],
+        "last_call_share_by_situation": found["last_probe_share_by_situation"],
+    }
+
+
 FIGURES: dict[str, Callable[[Sequence[dict[str, Any]], int], dict[str, Any]]] = {
     "rps": rps_figures,
+    "showdown": showdown_figures,
     "kuhn_card": lambda records, k: kuhn_card_figures(records),
     "kuhn_k3": lambda records, k: {},
 }
@@ -400,6 +430,32 @@ def format_learning(doc: dict[str, Any]) -> str:
             if oracle:
                 lines.append(f"| | best response (exact value) | | | {oracle['best_fixed']:+.3f} |")
             lines.append("")
+        elif name == "showdown":
+            lines += [
+                "| seed | model | first episode calls | last episode calls after weak / strong "
+                "/ nothing shown | ev, episode 1 | ev, episode 2 |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
+            for r in results:
+                for label in ("untrained", "trained"):
+                    f, evs = r[label], r["ev_by_episode"].get(label) or [None, None]
+                    after = f["last_call_share_by_situation"]
+                    seen = " / ".join(
+                        fmt_estimate(after.get(f"{s} shown"), 2).split(" ")[0]
+                        for s in ("weak", "strong", "nothing")
+                    )
+                    lines.append(
+                        f"| {r['seed']} | {label} | {fmt_estimate(f['first_call_share'])} | "
+                        f"{seen} | " + " | ".join(fmt_estimate(e, 3, True) for e in evs) + " |"
+                    )
+            oracle = (results[0].get("oracle") or {}).get("second", {})
+            if oracle:
+                lines.append(
+                    f"| | exact: call first, then only a weak hand | 1.00 | 1.00 / 0.00 / – | "
+                    f"-0.250 | {oracle['bayes_last_hand']:+.3f} |"
+                )
+                lines.append(f"| | best fixed (exact) | | | | {oracle['best_fixed']:+.3f} |")
+            lines.append("")
         else:
             k = probe.episodes
             lines += [
@@ -433,7 +489,8 @@ def format_learning(doc: dict[str, Any]) -> str:
         ]
         if verdict_rows:
             lines.append(
-                "Verdicts (last episode above, 95 % intervals apart): "
+                "Verdicts (last episode above; paired against the first episode and the "
+                "untrained model, intervals apart against the best fixed): "
                 + "; ".join(f"seed {s} {k}: {'yes' if a else 'no'}" for s, k, a in verdict_rows)
             )
             lines.append("")

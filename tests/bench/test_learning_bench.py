@@ -12,6 +12,7 @@ from mage_rl.bench.learning import (
     bench_learning,
     format_learning,
     probe_config,
+    read_records,
     rps_figures,
 )
 
@@ -85,6 +86,28 @@ def test_the_suite_trains_each_probe_and_writes_its_tables(tmp_path: Path) -> No
         bench_learning(config=config, probes=["chess"], seeds=[0], iterations=1, out=out)
     with pytest.raises(ValueError, match="unknown probe"):
         bench_learning(config=config, probes=["rps"], seeds=[0], iterations={"chess": 1}, out=out)
+
+
+def test_the_showdown_probe_trains_and_counts_calls(tmp_path: Path) -> None:
+    config = tmp_path / "base.yaml"
+    config.write_text(BASE)
+    out = tmp_path / "out"
+    doc = bench_learning(
+        config=config, probes=["showdown"], seeds=[0], out=out, iterations=1,
+        overrides=["eval.tasks=8"], log=lambda _m: None,
+    )  # fmt: skip
+    (result,) = doc["results"]
+    assert result["oracle"]["second"]["bayes_last_hand"] == pytest.approx(0.5)
+    assert result["oracle"]["second"]["best_fixed"] == pytest.approx(0.0)
+    records = read_records(sorted((out / "showdown_seed0" / "eval").glob("iter_*.jsonl"))[-1])
+    calls = sum(r["episodes"][0]["outcome"] in ("won", "lost") for r in records)
+    trained = result["trained"]
+    assert trained["first_call_share"]["mean"] == pytest.approx(calls / len(records))
+    after = trained["last_call_share_by_situation"]
+    assert set(after) <= {"weak shown", "strong shown", "nothing shown"}
+    assert sum(s["n"] for s in after.values()) == len(records)
+    text = (out / "learning.md").read_text()
+    assert "### showdown" in text and "| | exact: call first, then only a weak hand |" in text
 
 
 def test_iterations_by_probe_are_parsed() -> None:
