@@ -24,7 +24,7 @@ from mage_rl.bench.learning import (
     rps_beats_last_shown,
     win_by_episode,
 )
-from mage_rl.envs.rps import rps_values
+from mage_rl.envs.rps_values import rps_values
 from mage_rl.eval.stats import mean_interval
 from mage_rl.provenance import write_results
 from mage_rl.rl.advantages import compute_advantages

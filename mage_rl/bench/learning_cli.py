@@ -99,7 +99,9 @@ def add_learning_parser(benches: Any, add_common: Callable[..., None]) -> None:
         help="the training config whose policy, rollout, returns, advantages and learner "
         "sections every probe uses (default: the main job's)",
     )
-    p.add_argument("--probes", default="all", help="comma-separated: rps, kuhn_card, kuhn_k3, showdown")
+    p.add_argument(
+        "--probes", default="all", help="comma-separated: rps, kuhn_card, kuhn_k3, showdown"
+    )
     p.add_argument("--seeds", default="0", help="comma-separated training seeds")
     p.add_argument(
         "--iterations",

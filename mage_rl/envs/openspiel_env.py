@@ -212,6 +212,7 @@ class OpenSpielEnv(TextEnv):
             reward = final.reward
             info.outcome, info.payoff = final.outcome, final.payoff
             info.feedback, info.extra = final.feedback, final.extra
+            self.opponent.observe(self.state, 1 - self.seat)
             self.opponent.hand_over(self.rules.score(self.state, 1 - self.seat).reward)
             self.done = True
         elif self.turns >= self.max_turns:

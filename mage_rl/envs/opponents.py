@@ -51,6 +51,12 @@ class Opponent(ABC):
     def act(self, state: Any, player: int) -> int:
         """Choose a legal action id for ``player`` in the OpenSpiel ``state``."""
 
+    def observe(self, state: Any, player: int) -> None:  # noqa: B027 - most keep nothing
+        """The episode ended in a result: ``state`` is the terminal OpenSpiel state (what
+        both seats played) and ``player`` this opponent's seat. An opponent that reacts
+        to the agent's earlier play keeps what it needs here; the same object plays
+        every episode of one meta-episode."""
+
     def hand_over(self, reward: float) -> None:  # noqa: B027 - most opponents keep nothing
         """The episode ended in a result; ``reward`` is the opponent seat's reward."""
 

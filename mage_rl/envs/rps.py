@@ -1,31 +1,39 @@
-"""Rock-paper-scissors against opponents with habits: the smallest identification game.
+"""Rock-paper-scissors against opponents with habits and strategies: the smallest
+identification game.
 
 One round is one episode, so a meta-episode of K rounds asks exactly MAGE's question:
-can the agent read, from the rounds it has seen, the habit of the opponent it meets
-again, and exploit it in the last round? OpenSpiel's ``matrix_rps`` is a simultaneous-
-move game; its turn-based wrapper lets the shared adapter play it (the opponent's choice
-is hidden until the round is over, when the feedback states it).
+can the agent read, from the rounds it has seen, how the opponent it meets again plays,
+and exploit it in the last round? OpenSpiel's ``matrix_rps`` is a simultaneous-move game;
+its turn-based wrapper lets the shared adapter play it (the opponent's choice is hidden
+until the round is over, when the feedback states it).
 
-Opponents (``rps:NAME``):
+Opponents (``rps:NAME``), by family (:data:`FAMILIES`):
 
-- ``always_rock``, ``always_paper``, ``always_scissors``: the same move every round
-  (population ``rps_train``, weights 1/3 each);
-- ``mostly_rock``, ``mostly_paper``, ``mostly_scissors``: the habit 3 rounds in 5, each
-  other move 1 in 5, drawn afresh each round (population ``rps_unseen``);
+- habits: ``always_rock``, ``always_paper``, ``always_scissors``, the same move every
+  round (population ``rps_train``, the main job's, weights 1/3 each);
+- biased: ``mostly_rock``, ``mostly_paper``, ``mostly_scissors``, the habit 3 rounds in 5,
+  each other move 1 in 5, drawn afresh each round (population ``rps_unseen``);
+- reactive: ``copies_you``, ``beats_you``, ``loses_to_you``, the agent's previous move,
+  the move that beats it, the move that loses to it (a random first move);
+- cycles: ``cycle_up`` (ROCK -> PAPER -> SCISSORS) and ``cycle_down`` (the other way), from
+  a random first move;
+- outcome: ``win_stay_lose_shift`` and ``win_shift_lose_stay``, which react to their own
+  previous result (a random first move);
 - ``cycle``: ROCK, PAPER, SCISSORS, ... from the meta-episode's first round;
 - ``uniform``: each move with probability 1/3 (the Nash equilibrium; nothing to read).
 
+``rps_families_train`` holds the habits, biased, reactive and cycle families, each weighing
+a quarter; ``rps_families_unseen`` the outcome family, held out. Every opponent is a
+:data:`Model`, the distribution of its next move given the earlier rounds, which the live
+opponent draws from and the exact values (:mod:`mage_rl.envs.rps_values`, ``mage oracle
+rps``) enumerate.
+
 Rewards (SPEC §3): win +10, loss -10, draw 0; the payoff is +1, -1 or 0 per round.
-Exact values for a population (best fixed answer, best response to each opponent, and
-the Bayes value of the last of K rounds) come from :func:`rps_values` and ``mage oracle
-rps``.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,43 +100,31 @@ class RockPaperScissorsRules(GameRules):
         return final
 
 
-class MixedHabit(Opponent):
-    """Plays move ``a`` with probability ``probs[a]``, drawn afresh every round."""
+# -- opponents -------------------------------------------------------------------------
 
-    def __init__(self, probs: Sequence[float]) -> None:
-        self.probs = np.asarray(probs, dtype=float)
-        self._rng = np.random.default_rng(0)
+Round = tuple[int | None, int]
+"""One finished round as an opponent remembers it: (the agent's move, its own move);
+the agent's move is ``None`` when the round ended without one (invalid answers)."""
 
-    def reset(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
+Model = Callable[[tuple[Round, ...]], tuple[float, float, float]]
+"""An opponent's strategy: the distribution of its next move given the earlier rounds of
+the meta-episode. The live opponent and the exact values (:mod:`~mage_rl.envs.rps_values`)
+both draw from it, so they cannot disagree."""
 
-    def act(self, state: Any, player: int) -> int:
-        return int(self._rng.choice(3, p=self.probs))
-
-    def action_probabilities(self, state: Any, player: int) -> dict[int, float]:
-        return {a: float(p) for a, p in enumerate(self.probs)}
+UNIFORM = (1 / 3, 1 / 3, 1 / 3)
 
 
-class Cycle(Opponent):
-    """ROCK, then PAPER, then SCISSORS, ... over the rounds of one meta-episode.
-
-    Every meta-episode builds its own opponent, and ``reset`` runs before each round.
-    """
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    def reset(self, seed: int) -> None:
-        self.rounds += 1
-
-    def act(self, state: Any, player: int) -> int:
-        return (self.rounds - 1) % 3
+def _pure(move: int) -> tuple[float, float, float]:
+    probs = [0.0, 0.0, 0.0]
+    probs[move % 3] = 1.0
+    return (probs[0], probs[1], probs[2])
 
 
 def habit_probs(name: str) -> tuple[float, float, float] | None:
-    """The per-round move distribution of a stationary opponent, or ``None`` (``cycle``)."""
+    """The per-round move distribution of a stationary opponent, or ``None`` for one
+    whose moves depend on the earlier rounds."""
     if name == "uniform":
-        return (1 / 3, 1 / 3, 1 / 3)
+        return UNIFORM
     kind, _, move = name.partition("_")
     if move.upper() not in MOVES or kind not in ("always", "mostly"):
         return None
@@ -139,15 +135,122 @@ def habit_probs(name: str) -> tuple[float, float, float] | None:
     return (probs[0], probs[1], probs[2])
 
 
+def _reacts_to_you(shift: int) -> Model:
+    """Plays the agent's previous move shifted by ``shift`` (0 copies it, +1 beats it, -1
+    loses to it); a random move in the first round or after a round without one."""
+
+    def model(history: tuple[Round, ...]) -> tuple[float, float, float]:
+        if not history or history[-1][0] is None:
+            return UNIFORM
+        return _pure(history[-1][0] + shift)
+
+    return model
+
+
+def _cycles(step: int) -> Model:
+    """A random first move, then ``step`` on from its own previous move every round."""
+
+    def model(history: tuple[Round, ...]) -> tuple[float, float, float]:
+        return _pure(history[-1][1] + step) if history else UNIFORM
+
+    return model
+
+
+def _after_result(on_win: int, otherwise: int) -> Model:
+    """A random first move; then its own previous move shifted by ``on_win`` after a
+    round it won, by ``otherwise`` after a draw or a loss (0 repeats it, +1 moves on
+    ROCK -> PAPER -> SCISSORS); a random move after a round without the agent's move."""
+
+    def model(history: tuple[Round, ...]) -> tuple[float, float, float]:
+        if not history or history[-1][0] is None:
+            return UNIFORM
+        agent, own = history[-1]
+        return _pure(own + (on_win if payoff(own, agent) > 0 else otherwise))
+
+    return model
+
+
+def _cycle_from_rock(history: tuple[Round, ...]) -> tuple[float, float, float]:
+    return _pure(len(history))
+
+
+HISTORY_MODELS: dict[str, tuple[Model, str]] = {
+    "copies_you": (_reacts_to_you(0), "plays your previous move"),
+    "beats_you": (_reacts_to_you(1), "plays the move that beats your previous move"),
+    "loses_to_you": (_reacts_to_you(-1), "plays the move that loses to your previous move"),
+    "cycle_up": (_cycles(1), "ROCK -> PAPER -> SCISSORS -> ..., from a random first move"),
+    "cycle_down": (_cycles(-1), "ROCK -> SCISSORS -> PAPER -> ..., from a random first move"),
+    "win_stay_lose_shift": (
+        _after_result(0, 1),
+        "repeats its move after a win, moves on (ROCK -> PAPER -> SCISSORS) otherwise",
+    ),
+    "win_shift_lose_stay": (
+        _after_result(1, 0),
+        "moves on (ROCK -> PAPER -> SCISSORS) after a win, repeats its move otherwise",
+    ),
+    "cycle": (_cycle_from_rock, "ROCK, PAPER, SCISSORS, ... from the meta-episode's first round"),
+}
+"""The opponents whose moves depend on the earlier rounds, with what each does."""
+
+
+def opponent_model(name: str) -> Model:
+    """The strategy of ``rps:NAME``.
+
+    Raises:
+        ValueError: An unknown name.
+    """
+    probs = habit_probs(name)
+    if probs is not None:
+        return lambda history: probs
+    if name in HISTORY_MODELS:
+        return HISTORY_MODELS[name][0]
+    raise ValueError(
+        f"unknown rock-paper-scissors opponent {name!r}; known: {', '.join(OPPONENTS)}"
+    )
+
+
+class ModelOpponent(Opponent):
+    """Plays a :data:`Model`: each round it draws its move from the model's distribution
+    given the rounds this meta-episode has had, with the round's own seed.
+
+    Every meta-episode builds its own opponent, and ``reset`` runs before each round;
+    :meth:`observe` records what the agent played once the round is over.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.history: list[Round] = []
+        self._rng = np.random.default_rng(0)
+        self._open = False  # a round started and not yet recorded
+        self._own: int | None = None
+
+    def reset(self, seed: int) -> None:
+        if self._open:  # the last round ended without a result: the agent's move unknown
+            self.history.append((None, self._own if self._own is not None else 0))
+        self._rng = np.random.default_rng(seed)
+        self._open, self._own = True, None
+
+    def act(self, state: Any, player: int) -> int:
+        probs = np.asarray(self.model(tuple(self.history)), dtype=float)
+        self._own = int(self._rng.choice(3, p=probs))
+        return self._own
+
+    def observe(self, state: Any, player: int) -> None:
+        moves = state.history()  # both seats' choices, in seat order
+        self.history.append((int(moves[1 - player]), int(moves[player])))
+        self._open = False
+
+    def action_probabilities(self, state: Any, player: int) -> dict[int, float]:
+        return {a: float(p) for a, p in enumerate(self.model(tuple(self.history)))}
+
+
 def _factory(name: str):
+    model = opponent_model(name)
+
     def build(args: Sequence[str]) -> Opponent:
         if args:
             raise ValueError(f"opponent rps:{name} takes no arguments, got {list(args)}")
-        if name == "cycle":
-            return Cycle()
-        probs = habit_probs(name)
-        assert probs is not None
-        return MixedHabit(probs)
+        return ModelOpponent(model)
 
     return build
 
@@ -155,9 +258,37 @@ def _factory(name: str):
 OPPONENTS = (
     *(f"always_{m.lower()}" for m in MOVES),
     *(f"mostly_{m.lower()}" for m in MOVES),
-    "cycle",
+    *HISTORY_MODELS,
     "uniform",
 )
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "habits": tuple(f"always_{m.lower()}" for m in MOVES),
+    "reactive": ("copies_you", "beats_you", "loses_to_you"),
+    "cycles": ("cycle_up", "cycle_down"),
+    "biased": tuple(f"mostly_{m.lower()}" for m in MOVES),
+    "outcome": ("win_stay_lose_shift", "win_shift_lose_stay"),
+}
+"""Opponent families: how the next move depends on the history. ``rps_families_train``
+holds the first four, every family weighing the same; ``rps_families_unseen`` holds the
+held-out family, ``outcome`` (the opponent reacts to its own previous result)."""
+
+TRAIN_FAMILIES = ("habits", "reactive", "cycles", "biased")
+UNSEEN_FAMILIES = ("outcome",)
+
+
+def family_of(spec: str) -> str | None:
+    """The family of an opponent spec (``rps:beats_you`` -> ``reactive``), if any."""
+    name = spec.rpartition(":")[2]
+    return next((f for f, names in FAMILIES.items() if name in names), None)
+
+
+def _families_population(families: Sequence[str]) -> str:
+    """Every family weighs the same; opponents within a family too (weights as integers)."""
+    size = int(np.lcm.reduce([len(FAMILIES[f]) for f in families]))
+    return ",".join(
+        f"rps:{name}={size // len(FAMILIES[f])}" for f in families for name in FAMILIES[f]
+    )
 
 
 def register_opponents() -> None:
@@ -166,96 +297,5 @@ def register_opponents() -> None:
         register_opponent_factory(GAME, name, _factory(name), f"rps:{name}")
     register_population("rps_train", ",".join(f"rps:always_{m.lower()}=1" for m in MOVES))
     register_population("rps_unseen", ",".join(f"rps:mostly_{m.lower()}=1" for m in MOVES))
-
-
-# -- exact values ----------------------------------------------------------------------
-
-
-@dataclass
-class RpsValues:
-    """Exact values of one round, per round in wins minus losses, for a population.
-
-    Attributes:
-        population: Opponent spec -> weight (normalised).
-        episodes: K, the rounds of a meta-episode.
-        best_fixed: The best answer that ignores what it has seen (any constant answer
-            against a symmetric population): the value of a first round, and of a last
-            round without memory.
-        best_response: Per opponent, the value of the best answer to it alone.
-        ceiling: The population mean of ``best_response``: knowing the opponent.
-        bayes_last: The last round's value when the first K-1 rounds are seen and the
-            last answer best-responds to the posterior over the opponents (whatever the
-            agent played before: the opponents here do not react to it).
-        win_best_fixed, win_bayes_last: The same two as win rates.
-    """
-
-    population: dict[str, float]
-    episodes: int
-    best_fixed: float
-    best_response: dict[str, float]
-    ceiling: float
-    bayes_last: float
-    win_best_fixed: float
-    win_bayes_last: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def rps_values(population: dict[str, float], episodes: int = 3) -> RpsValues:
-    """Exact values of :class:`RpsValues` by enumeration of the observed moves.
-
-    Raises:
-        ValueError: An opponent whose moves are not i.i.d. across rounds (``cycle``), an
-            opponent of another game, or ``episodes < 1``.
-    """
-    if episodes < 1:
-        raise ValueError(f"episodes must be >= 1, got {episodes}")
-    specs, weights, probs = [], [], []
-    total = sum(population.values())
-    for spec, weight in population.items():
-        game, _, name = spec.partition(":")
-        if game not in ("rps", GAME):
-            raise ValueError(f"{spec!r} is not a rock-paper-scissors opponent")
-        p = habit_probs(name)
-        if p is None:
-            raise ValueError(
-                f"{spec!r} changes its moves from round to round; exact values need "
-                "opponents whose moves are drawn the same way every round"
-            )
-        specs.append(f"{GAME}:{name}")
-        weights.append(weight / total)
-        probs.append(np.asarray(p))
-    value = np.array([[payoff(a, b) for b in range(3)] for a in range(3)], dtype=float)
-    win = (value > 0).astype(float)
-
-    def best(mix: np.ndarray) -> tuple[float, float]:
-        """Value and win rate of the best answer to a move distribution."""
-        a = int(np.argmax(value @ mix))
-        return float(value[a] @ mix), float(win[a] @ mix)
-
-    pooled = sum(w * p for w, p in zip(weights, probs, strict=True))
-    best_fixed, win_fixed = best(pooled)
-    best_response = {s: best(p)[0] for s, p in zip(specs, probs, strict=True)}
-    bayes, bayes_win = 0.0, 0.0
-    for seen in itertools.product(range(3), repeat=episodes - 1):
-        joint = np.array(
-            [w * np.prod([p[m] for m in seen]) for w, p in zip(weights, probs, strict=True)]
-        )
-        mass = float(joint.sum())
-        if mass == 0:
-            continue
-        mix = sum(j * p for j, p in zip(joint, probs, strict=True)) / mass
-        v, wr = best(mix)
-        bayes += mass * v
-        bayes_win += mass * wr
-    return RpsValues(
-        population=dict(zip(specs, weights, strict=True)),
-        episodes=episodes,
-        best_fixed=best_fixed,
-        best_response=best_response,
-        ceiling=sum(w * best_response[s] for s, w in zip(specs, weights, strict=True)),
-        bayes_last=bayes,
-        win_best_fixed=win_fixed,
-        win_bayes_last=bayes_win,
-    )
+    register_population("rps_families_train", _families_population(TRAIN_FAMILIES))
+    register_population("rps_families_unseen", _families_population(UNSEEN_FAMILIES))

@@ -30,21 +30,27 @@ def _fmt(x: float) -> str:
 
 def cmd_oracle(args: argparse.Namespace) -> int:
     from mage_rl.envs import Population, canonical_game
-    from mage_rl.eval.llm_opponent import install as install_llm_opponents
     from mage_rl.eval.oracles import kuhn_oracle
 
-    install_llm_opponents()  # --population may name GAME:llm:... opponents
+    if "llm" in (args.population or ""):  # GAME:llm:... opponents load the model stack
+        from mage_rl.eval.llm_opponent import install as install_llm_opponents
+
+        install_llm_opponents()
 
     game = canonical_game(args.game)
     if game == "rock_paper_scissors":
         from mage_rl.eval.rps_oracle import print_rps_oracle
 
-        return print_rps_oracle(args.population, as_json=args.json, console=console)
+        episodes = 3 if args.episodes is None else args.episodes
+        return print_rps_oracle(
+            args.population, episodes=episodes, as_json=args.json, console=console
+        )
     if game == "showdown":
         from mage_rl.eval.showdown_oracle import print_showdown_oracle
 
         return print_showdown_oracle(
-            args.population, episodes=args.episodes, gamma_traj=args.gamma_traj,
+            args.population, episodes=2 if args.episodes is None else args.episodes,
+            gamma_traj=args.gamma_traj,
             omega=args.omega, as_json=args.json, console=console,
         )  # fmt: skip
     if game != "kuhn_poker":
@@ -188,8 +194,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--episodes",
         type=int,
-        default=2,
-        help="showdown: K, the episodes of a meta-episode (default 2)",
+        default=None,
+        help="showdown: K, the episodes of a meta-episode (default 2); rps: the K whose "
+        "rounds and families are shown in detail (default 3)",
     )
     p.add_argument(
         "--gamma-traj", type=float, default=1.0,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.envs import game_rules
-from mage_rl.envs.rps import rps_values
+from mage_rl.envs.rps_values import rps_values
 from mage_rl.envs.showdown_values import showdown_values
 from mage_rl.eval.bayes import bayes_last_hand
 from mage_rl.eval.decisions import (
@@ -75,7 +75,7 @@ def oracle_values(cfg: Any) -> dict[str, dict[str, float]] | None:
         try:
             weights = dict(zip(population.specs, population.weights, strict=True))
             rps = rps_values(weights, cfg.meta.episodes)
-        except ValueError:  # an opponent that changes from round to round: no exact value
+        except ValueError:  # an opponent of a plugin, which the enumeration does not know
             return None
         values = {"best_fixed": rps.best_fixed, "ceiling": rps.ceiling}
         if cfg.meta.episodes >= 2:

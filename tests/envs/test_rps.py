@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from mage_rl.envs import Population, make_env
-from mage_rl.envs.rps import MOVES, counter, payoff, rps_values
+from mage_rl.envs.rps import MOVES, counter, payoff
+from mage_rl.envs.rps_values import rps_values
 
 TRAIN = {f"rps:always_{m.lower()}": 1.0 for m in MOVES}
 UNSEEN = {f"rps:mostly_{m.lower()}": 1.0 for m in MOVES}
@@ -57,8 +58,12 @@ def test_exact_values() -> None:
     # (0.6 * 0.6 + 0.4 * 0.2) - (0.6 * 0.2 + 0.4 * 0.4) = 0.16.
     assert rps_values(UNSEEN, 2).bayes_last == pytest.approx(0.16)
     assert 0.16 < unseen.bayes_last < unseen.ceiling
-    with pytest.raises(ValueError, match="changes its moves"):
-        rps_values({"rps:cycle": 1.0})
+    # The cycle from ROCK is known before it moves: every round is won.
+    assert rps_values({"rps:cycle": 1.0}, 3).bayes_by_round == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="unknown rock-paper-scissors opponent"):
+        rps_values({"rps:lizard": 1.0})
+    with pytest.raises(ValueError, match="not a rock-paper-scissors opponent"):
+        rps_values({"kuhn:aggressive": 1.0})
     assert Population.parse("rps_unseen").specs == [
         f"rock_paper_scissors:mostly_{m.lower()}" for m in MOVES
     ]
