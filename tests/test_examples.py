@@ -63,3 +63,34 @@ def test_custom_opponents_in_oracle_eval_and_config(tmp_path: Path, capsys) -> N
     )
     cfg = load_config(config, cls=TrainConfig)
     assert cfg.env.population == "bluffers"
+
+
+def test_rock_paper_scissors_opponents_of_your_own(tmp_path: Path, capsys) -> None:
+    plugin = str(EXAMPLES / "rps_reactive.py")
+    capsys.readouterr()
+    assert main(["--plugin", plugin, "oracle", "rps", "--population", "rps_echoes",
+                 "--json"]) == 0  # fmt: skip
+    three = json.loads(capsys.readouterr().out)[2]
+    # The sore loser always plays ROCK until it loses, so round 1 is won half the time
+    # (PAPER beats the sore loser, and the echo's first move is random); from round 3
+    # on both are known and every round is won.
+    assert three["bayes_by_round"] == [0.5, 0.5, 1.0]
+    assert set(three["population"]) == {
+        "rock_paper_scissors:echo_two_back",
+        "rock_paper_scissors:sore_loser",
+    }
+    # The echo plays in the game what its model says: the agent's move two rounds back.
+    from mage_rl.envs import make_env
+
+    env = make_env("rps", "rps:echo_two_back", seat=0)
+    moves = ["PAPER", "SCISSORS", "ROCK", "ROCK"]
+    feedback = []
+    for t, move in enumerate(moves):
+        env.reset(t)
+        feedback.append(env.step(f"<action>{move}</action>").info.feedback)
+    assert feedback[2].endswith("the opponent played PAPER.")
+    assert feedback[3].endswith("the opponent played SCISSORS.")
+    out = tmp_path / "eval"
+    assert main(["--plugin", plugin, "eval", "--agent", "reflexion=tiny", "--env", "rps",
+                 "--opponents", "rps_echoes", "--n", "2", "--max-tokens", "8",
+                 "--out", str(out), "--no-progress"]) == 0  # fmt: skip

@@ -193,8 +193,11 @@ HISTORY_MODELS: dict[str, tuple[Model, str]] = {
 """The opponents whose moves depend on the earlier rounds, with what each does."""
 
 
+_PLUGGED: dict[str, Model] = {}
+
+
 def opponent_model(name: str) -> Model:
-    """The strategy of ``rps:NAME``.
+    """The strategy of ``rps:NAME`` (a built-in one or one of :func:`register_rps_opponent`).
 
     Raises:
         ValueError: An unknown name.
@@ -204,9 +207,34 @@ def opponent_model(name: str) -> Model:
         return lambda history: probs
     if name in HISTORY_MODELS:
         return HISTORY_MODELS[name][0]
+    if name in _PLUGGED:
+        return _PLUGGED[name]
+    known = ", ".join([*OPPONENTS, *_PLUGGED])
     raise ValueError(
-        f"unknown rock-paper-scissors opponent {name!r}; known: {', '.join(OPPONENTS)}"
+        f"unknown rock-paper-scissors opponent {name!r} (exact values exist for the built-in "
+        f"ones and those of register_rps_opponent): known: {known}"
     )
+
+
+def register_rps_opponent(name: str, model: Model) -> None:
+    """Register ``rps:NAME``, an opponent that plays ``model``: the distribution of its
+    next move (ROCK, PAPER, SCISSORS) given the earlier rounds of the meta-episode, a
+    tuple of (the agent's move or ``None``, its own move) pairs. It plays in every
+    command, and ``mage oracle rps`` and the training report give its exact values.
+
+    Raises:
+        ValueError: A built-in name, or a model whose answer to the first round is not a
+            distribution over the three moves.
+    """
+    if name in OPPONENTS:
+        raise ValueError(f"rps:{name} is built in; choose another name")
+    first = tuple(float(p) for p in model(()))
+    if len(first) != 3 or min(first) < 0 or abs(sum(first) - 1) > 1e-9:
+        raise ValueError(
+            f"rps:{name}: the model must return three probabilities summing to 1, got {first}"
+        )
+    _PLUGGED[name] = model
+    register_opponent_factory(GAME, name, _factory(name), f"rps:{name}")
 
 
 class ModelOpponent(Opponent):
