@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from mage_rl.config import RunConfig, TrainConfig
     from mage_rl.envs.base import TextEnv
     from mage_rl.graphs import MetaEpisodeGraph
+    from mage_rl.graphs.rollouts import TaskInstance
     from mage_rl.records import MetaEpisodeRecord
-    from mage_rl.rl.rollout import TaskInstance
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -151,7 +151,7 @@ class TrainedAgent:
         population with ``seed``), in the seat ``seat`` (default: the run's rule)."""
         from mage_rl import runtime
         from mage_rl.envs import make_env, resolve_seat
-        from mage_rl.rl.rollout import TaskInstance
+        from mage_rl.graphs.rollouts import TaskInstance
 
         task = runtime.tasks_for(self.config, 1, seed)[0]
         if opponent is not None or seat is not None:
@@ -217,7 +217,7 @@ class TrainedAgent:
     async def _aplay(self, env: TextEnv, task: TaskInstance) -> MetaEpisodeRecord:
         from mage_rl import runtime
         from mage_rl.envs import canonical_game
-        from mage_rl.rl.rollout import record_from_state
+        from mage_rl.graphs.rollouts import record_from_state
 
         llm = runtime.chat_model(
             self.engine, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -243,7 +243,7 @@ class TrainedAgent:
 
 def _agent_input(state: AgentState) -> tuple[TextEnv, TaskInstance]:
     """The environment and task of an :class:`AgentState` input, with the defaults."""
-    from mage_rl.rl.rollout import TaskInstance
+    from mage_rl.graphs.rollouts import TaskInstance
 
     env = state.get("env")
     if env is None:

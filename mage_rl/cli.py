@@ -112,7 +112,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
     from mage_rl import runtime
     from mage_rl.config import load_config
-    from mage_rl.rl.rollout import summarize, write_jsonl
+    from mage_rl.graphs.rollouts import summarize, write_jsonl
 
     cfg = load_config(args.config, args.set)
     engine = runtime.build_engine(cfg.policy)
@@ -139,7 +139,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mage_rl.config import load_config
-    from mage_rl.rl.run_folder import latest_checkpoint, resume_command
+    from mage_rl.train_folder import latest_checkpoint, resume_command
 
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
     cfg = load_config(args.config, overrides)

@@ -14,9 +14,10 @@ from mage_rl.config import PolicyConfig, RunConfig
 from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
 from mage_rl.envs.llm_opponent import is_self, without_self
-from mage_rl.eval.exploitability import PlaceholderOpponent
+from mage_rl.envs.opponents import PlaceholderOpponent
 from mage_rl.eval.llm_opponent import install as install_llm_opponents
 from mage_rl.graphs import MetaEpisodeGraph, agent_graph
+from mage_rl.graphs.rollouts import TaskInstance, collect_rollouts, sample_tasks
 from mage_rl.nodes.conversation import reflect_message, step_message
 from mage_rl.nodes.core import play_prompt
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
@@ -31,7 +32,6 @@ from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.models import load_model
 from mage_rl.policy.vllm_engine import VLLMEngine
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance, collect_rollouts, sample_tasks
 
 # GAME:llm:RUN_OR_MODEL opponents get their model half in every process that plays.
 install_llm_opponents()

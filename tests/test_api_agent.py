@@ -94,8 +94,8 @@ def test_the_agent_plays_through_an_endpoint(kuhn_tiny_run: Path) -> None:
     pytest.importorskip("uvicorn", reason="the serve extra is not installed")
     from mage_rl.policy.engine import LocalEngine
     from mage_rl.policy.models import load_model
-    from mage_rl.rl.run_folder import find_run
     from mage_rl.serve import create_app, serve_in_thread
+    from mage_rl.train_folder import find_run
 
     found = find_run(str(kuhn_tiny_run))
     assert found is not None

@@ -43,11 +43,11 @@ from mage_rl.cluster.vllm_policy import VLLMEnginePolicy
 from mage_rl.fileio import atomic_write_json
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import credit_parts
-from mage_rl.rl.run_folder import (
+from mage_rl.rl.trainer import Trainer
+from mage_rl.train_folder import (
     STATE_FILE,
     retire_checkpoints,
 )
-from mage_rl.rl.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -35,10 +35,10 @@ from typing import Any
 from mage_rl import runtime
 from mage_rl.cluster.deps import require
 from mage_rl.config import TrainConfig
+from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance
 from mage_rl.rl.trainer import Trainer
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import numpy as np
 
 from mage_rl.envs.opponents import Opponent, Population, register_opponent_factory
 from mage_rl.records import Turn
-from mage_rl.rl.run_folder import checkpoint_name
+from mage_rl.train_folder import checkpoint_name
 
 NAME = "llm"
 USAGE = "{game}:llm:RUN_OR_MODEL[@ITER]"

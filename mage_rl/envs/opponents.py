@@ -89,6 +89,14 @@ class CallableOpponent(Opponent):
         return action
 
 
+class PlaceholderOpponent(Opponent):
+    """The other seat while prompts are built (no game is played with it): it moves only in ``reset`` (the prompts
+    then set the environment's state themselves and never step it)."""
+
+    def act(self, state: Any, player: int) -> int:
+        return int(state.legal_actions(player)[0])
+
+
 OpponentFactory = Callable[[Sequence[str]], Opponent]
 _REGISTRY: dict[str, dict[str, tuple[OpponentFactory, str]]] = {}
 

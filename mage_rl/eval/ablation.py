@@ -295,7 +295,7 @@ def reuse_problem(
     import yaml
 
     from mage_rl.config import load_config
-    from mage_rl.rl.run_folder import CONFIG_FILE, _flatten, recorded_config
+    from mage_rl.train_folder import CONFIG_FILE, _flatten, recorded_config
 
     saved_path = run_dir / CONFIG_FILE
     if not saved_path.exists():
@@ -314,7 +314,7 @@ def reuse_problem(
 def run_one(command: list[str], run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Train one run unless it has finished (resuming an interrupted one). A finished
     run is reused; its entry says when and at which commit it was trained."""
-    from mage_rl.rl.run_folder import latest_checkpoint
+    from mage_rl.train_folder import latest_checkpoint
 
     if finished(run_dir):
         stamp = json.loads((run_dir / "report.json").read_text()).get("provenance", {})

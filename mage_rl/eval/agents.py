@@ -20,7 +20,7 @@ from mage_rl.eval.play import run_play
 from mage_rl.eval.served import served_agent
 from mage_rl.graphs import AGENT_GRAPHS
 from mage_rl.registry import PLUGIN_HINT
-from mage_rl.rl.run_folder import find_run
+from mage_rl.train_folder import find_run
 
 log = logging.getLogger(__name__)
 

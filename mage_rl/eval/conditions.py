@@ -30,7 +30,7 @@ from mage_rl.eval.play import (
     resolve_play,
 )
 from mage_rl.eval.settings import EvalSettings
-from mage_rl.rl.rollout import TaskInstance, sample_tasks
+from mage_rl.graphs.rollouts import TaskInstance, sample_tasks
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig

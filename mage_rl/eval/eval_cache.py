@@ -1,7 +1,7 @@
 """The evaluations before training, kept on this machine and reused by later runs.
 
 Before iteration 1 a run evaluates the untrained model and its baseline agents on fixed
-tasks (:func:`mage_rl.eval.training.evaluate_baselines`). Those figures do not depend on
+tasks (:func:`mage_rl.rl.baselines.evaluate_baselines`). Those figures do not depend on
 anything training does: another seed, a longer run or another learning rate computes the
 same figures again. So each is kept under a key over everything that could change it:
 
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 from mage_rl.cache import cache_root
+from mage_rl.graphs.rollouts import read_jsonl, write_jsonl
 from mage_rl.plugins import ENV_VAR as PLUGINS_VAR
 from mage_rl.provenance import package_versions
-from mage_rl.rl.rollout import read_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@
 1. The conditions (:class:`~mage_rl.eval.conditions.EvalConfig`, whose settings are
    defined once in :mod:`mage_rl.eval.settings`) fix everything but the agent:
    environments, opponent set, ``n`` task instances per environment drawn once with
-   :func:`~mage_rl.rl.rollout.sample_tasks` from one base seed, K, the episode protocol
+   :func:`~mage_rl.graphs.rollouts.sample_tasks` from one base seed, K, the episode protocol
    and the sampling settings (default: the paper's evaluation sampling, temperature 0.7,
    top-p 0.8, top-k 20). Each agent plays in its own format (:mod:`mage_rl.eval.play`):
    a trained one as its run's config says (graph, layout, context, prompt, decoding,
    token limit, stop rule, dtype), unless a flag overrides it.
-2. The run folder (:mod:`mage_rl.eval.run_folder`) gets ``config.json`` (conditions and
+2. The run folder (:mod:`mage_rl.eval.eval_folder`) gets ``config.json`` (conditions and
    agents) and ``tasks.json`` (every task instance: seed, opponent, seat). Restarting in
    a folder checks that the conditions are the same; agents may be added.
 3. Agents run one after another; each one's meta-episodes run concurrently, so their LLM
@@ -47,8 +47,7 @@ from mage_rl.eval.conditions import (
     eval_tasks,
     opponent_population,
 )
-from mage_rl.eval.report import write_run_report
-from mage_rl.eval.run_folder import (
+from mage_rl.eval.eval_folder import (
     FORMAT_VERSION,
     RecordLog,
     prepare_run_dir,
@@ -56,11 +55,12 @@ from mage_rl.eval.run_folder import (
     slim,
     tasks_document,
 )
+from mage_rl.eval.report import write_run_report
 from mage_rl.eval.served import play_served
 from mage_rl.graphs import MetaEpisodeGraph
+from mage_rl.graphs.rollouts import TaskInstance, collect_rollouts
 from mage_rl.policy.chat_model import PolicyChatModel, seeded
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance, collect_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ async def play_tasks(
     config ``play``, with the evaluation's sampling; ``on_done`` gets each record as
     soon as its meta-episode ends.
 
-    The loop is training's (:func:`~mage_rl.rl.rollout.collect_rollouts`); each
+    The loop is training's (:func:`~mage_rl.graphs.rollouts.collect_rollouts`); each
     meta-episode samples from its own stream, seeded by (task seed, rollout) alone, so
     every agent meets common random numbers."""
     llm = PolicyChatModel(

@@ -38,22 +38,22 @@ import pyspiel
 from mage_rl.envs import Population, canonical_spec, game_rules, make_env
 from mage_rl.envs.base import derive_seed, episode_seed
 from mage_rl.envs.openspiel_env import OpenSpielEnv, decision_states
+from mage_rl.envs.opponents import PlaceholderOpponent
 from mage_rl.eval.exploitability import (
     SEATS,
     ActionReader,
     Past,
-    PlaceholderOpponent,
     decision_at,
     read_policy,
     tabular_policy,
 )
 from mage_rl.eval.game_oracles import best_response_values, opponent_table
 from mage_rl.eval.stats import mean_interval, normal_quantile
+from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.nodes.core import past_episode
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
 from mage_rl.policy.conversation import ConversationTemplate
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance
 
 HISTORY_SEED = 2026
 """The base seed of the histories ``mage exploitability --last`` plays (``mage eval``'s)."""

@@ -40,7 +40,8 @@ from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env
 from mage_rl.envs.llm_opponent import LLMOpponent, SelfOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
-from mage_rl.eval.exploitability import PlaceholderOpponent, decision_at, read_policy
+from mage_rl.envs.opponents import PlaceholderOpponent
+from mage_rl.eval.exploitability import decision_at, read_policy
 from mage_rl.eval.model_reader import ModelReader, ReadDecision
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options

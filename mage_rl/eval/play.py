@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mage_rl.envs import Population, env_spec
 from mage_rl.envs.llm_opponent import without_self
 from mage_rl.envs.names import canonical_game
-from mage_rl.rl.run_folder import CONFIG_FILE, find_run
+from mage_rl.train_folder import CONFIG_FILE, find_run
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig

@@ -14,7 +14,7 @@ from mage_rl.config_yaml import parse_overrides, set_path
 from mage_rl.envs import canonical_game
 from mage_rl.eval.conditions import GAME_SHORT
 from mage_rl.eval.play import trained_config
-from mage_rl.rl.run_folder import find_run
+from mage_rl.train_folder import find_run
 
 
 def _default_population(game: str) -> str:

@@ -27,10 +27,10 @@ from typing import Any
 
 from mage_rl.envs import Population
 from mage_rl.eval.decisions import counts_by_episode, small_game_counts
+from mage_rl.eval.eval_folder import RecordLog, records_path
 from mage_rl.eval.metrics import summarize_with_intervals
 from mage_rl.eval.oracles import kuhn_oracle
 from mage_rl.eval.plots import write_plots
-from mage_rl.eval.run_folder import RecordLog, records_path
 from mage_rl.eval.tables import SEATS, fmt_mean, fmt_rate, render_markdown
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results

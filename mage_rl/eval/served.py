@@ -19,8 +19,8 @@ from typing import Any
 from mage_rl.envs import make_env
 from mage_rl.envs.base import derive_seed, episode_seed
 from mage_rl.envs.remote import result_message, start_message
+from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn, group_id
-from mage_rl.rl.rollout import TaskInstance
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from mage_rl.envs import env_spec, make_env
 from mage_rl.envs.base import episode_seed
 from mage_rl.envs.openspiel_env import OpenSpielEnv
 from mage_rl.eval.stats import stratified_mean
+from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance
 
 MAX_SCAN = 200_000
 

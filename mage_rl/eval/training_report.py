@@ -43,7 +43,7 @@ from mage_rl.eval.verdicts import (
 )
 from mage_rl.fileio import atomic_write_text
 from mage_rl.provenance import write_results
-from mage_rl.rl.run_folder import checkpoint_name
+from mage_rl.train_folder import checkpoint_name
 
 SEATS = ("first", "second")
 

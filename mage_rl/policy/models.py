@@ -38,7 +38,7 @@ from transformers import (
 
 from mage_rl.cache import cache_root
 from mage_rl.policy.tiny import CHATML_TEMPLATE, build_tiny
-from mage_rl.rl.run_folder import MODEL_DIR, find_run
+from mage_rl.train_folder import MODEL_DIR, find_run
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mage_rl.rl.run_folder import MODEL_DIR
+from mage_rl.train_folder import MODEL_DIR
 
 ADAPTER_DIR = "adapter"
 

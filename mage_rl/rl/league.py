@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mage_rl.fileio import atomic_write_json, writing
-from mage_rl.rl.run_folder import checkpoint_name
+from mage_rl.train_folder import checkpoint_name
 
 LEAGUE_FILE = "league.json"
 FLOOR = 0.05

@@ -30,7 +30,7 @@ from typing import Any
 from mage_rl.provenance import write_results
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn, plain_fields
 from mage_rl.rl.advantages import CallCredit
-from mage_rl.rl.run_folder import checkpoint_iteration, checkpoint_name
+from mage_rl.train_folder import checkpoint_iteration, checkpoint_name
 
 logger = logging.getLogger(__name__)
 

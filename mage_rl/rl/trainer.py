@@ -23,7 +23,7 @@ Ctrl-C saves one and exits. A write into the folder that fails (a full disk) sto
 run with a :class:`~mage_rl.fileio.WriteError` naming the file, after removing the
 half-written checkpoint; the checkpoints before it are complete, so the run resumes from
 the newest once there is space. The rules of the folder's life cycle are in
-:mod:`mage_rl.rl.run_folder`.
+:mod:`mage_rl.train_folder`.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env, resolve_seat
 from mage_rl.eval.llm_opponent import SelfPlay
 from mage_rl.eval.metrics import summarize_records
-from mage_rl.eval.training import eval_tasks, evaluate_baselines, summarize_eval, write_eval
+from mage_rl.eval.training import eval_tasks, summarize_eval, write_eval
 from mage_rl.eval.training_report import write_training_report
 from mage_rl.fileio import atomic_write_json, writing
 from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
+from mage_rl.rl.baselines import evaluate_baselines
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.league import League
 from mage_rl.rl.learner import Learner
@@ -63,7 +64,9 @@ from mage_rl.rl.phases import (
     SETUP,
     RunClock,
 )
-from mage_rl.rl.run_folder import (
+from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
+from mage_rl.rl.selfplay import plays_self, seat_records
+from mage_rl.train_folder import (
     STATE_FILE,
     check_resume_config,
     checkpoint_name,
@@ -73,8 +76,6 @@ from mage_rl.rl.run_folder import (
     start_checkpoint,
     write_run_config,
 )
-from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
-from mage_rl.rl.selfplay import plays_self, seat_records
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from functools import cache
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
-from mage_rl.rl.rollout import TaskInstance
+from mage_rl.graphs.rollouts import TaskInstance
 
 if TYPE_CHECKING:
     from mage_rl.config import TrainConfig

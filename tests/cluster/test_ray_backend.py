@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from mage_rl.cli import main
 from mage_rl.cluster.ray_backend import RolloutWorker, vocab_digest
 from mage_rl.config import TrainConfig, load_config
-from mage_rl.rl.rollout import TaskInstance
+from mage_rl.graphs.rollouts import TaskInstance
 
 ray = pytest.importorskip("ray", reason="the dev set-up installs ray (scripts/setup.sh dev)")
 

@@ -17,8 +17,8 @@ from mage_rl.eval.eval_cache import (
     key_material,
     weights_digest,
 )
-from mage_rl.eval.training import _cache_identity
-from mage_rl.rl.rollout import TaskInstance
+from mage_rl.graphs.rollouts import TaskInstance
+from mage_rl.rl.baselines import _cache_identity
 
 CONFIG = Path(__file__).parents[2] / "configs" / "rps_smollm2.yaml"
 TASKS = [TaskInstance(1, "rock_paper_scissors:always_rock", 0), TaskInstance(2, "x", 0)]

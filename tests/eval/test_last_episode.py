@@ -12,7 +12,8 @@ from mage_rl import runtime
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.envs import Population, make_env
 from mage_rl.envs.openspiel_env import decision_states
-from mage_rl.eval.exploitability import PlaceholderOpponent, decision_at
+from mage_rl.envs.opponents import PlaceholderOpponent
+from mage_rl.eval.exploitability import decision_at
 from mage_rl.eval.last_episode import (
     check_config,
     history_tasks,

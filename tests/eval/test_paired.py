@@ -12,7 +12,7 @@ import pytest
 from mage_rl.eval.paired import episode_payoffs, episode_value, paired_difference
 from mage_rl.eval.stats import t_quantile
 from mage_rl.eval.stratified import StratifiedDesign
-from mage_rl.rl.rollout import TaskInstance
+from mage_rl.graphs.rollouts import TaskInstance
 
 
 def test_a_plain_paired_difference_by_hand() -> None:

@@ -162,7 +162,7 @@ def test_report_does_not_import_the_harness() -> None:
     import mage_rl.eval
 
     folder = Path(mage_rl.eval.__file__).parent
-    for name in ("report", "tables", "plots", "run_folder", "conditions", "agents", "settings"):
+    for name in ("report", "tables", "plots", "eval_folder", "conditions", "agents", "settings"):
         tree = ast.parse((folder / f"{name}.py").read_text())
         imported = set()
         for node in ast.walk(tree):

@@ -20,7 +20,7 @@ import yaml
 from mage_rl.cli import main
 from mage_rl.eval.agents import parse_agents
 from mage_rl.plugins import ENV_VAR
-from mage_rl.rl.run_folder import find_run
+from mage_rl.train_folder import find_run
 
 AGENT = """
 from mage_rl.graphs import build_meta_episode_graph, register_agent

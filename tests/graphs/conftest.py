@@ -8,11 +8,11 @@ from langchain_core.messages import BaseMessage
 
 from mage_rl.envs import Population
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import collect_rollouts, sample_tasks
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.tiny import build_tiny
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
 
 
 def tiny_kuhn_rollouts(

@@ -10,12 +10,12 @@ import torch
 
 from mage_rl.envs import Population
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import collect_rollouts, read_jsonl, sample_tasks, write_jsonl
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.scoring import teacher_forced_logprobs
 from mage_rl.policy.tiny import build_tiny
 from mage_rl.policy.tokenization import render_prompt
-from mage_rl.rl.rollout import collect_rollouts, read_jsonl, sample_tasks, write_jsonl
 
 
 @pytest.fixture(scope="module")

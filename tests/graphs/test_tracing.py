@@ -26,6 +26,7 @@ from mage_rl.graphs import (
     react_graph,
     reflexion_graph,
 )
+from mage_rl.graphs.rollouts import collect_rollouts, sample_tasks
 from mage_rl.plugins import load_plugin
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.engine import LocalEngine
@@ -35,7 +36,6 @@ from mage_rl.rl.advantages import AdvantageConfig, compute_advantages
 from mage_rl.rl.batching import samples_from_records
 from mage_rl.rl.learner import Learner, LearnerConfig
 from mage_rl.rl.returns import ReturnConfig
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
 from tests.graphs.conftest import ScriptedChat
 
 ROOT = Path(__file__).parents[2]

@@ -10,6 +10,7 @@ import torch
 
 from mage_rl.envs import make_env
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import TaskInstance, record_from_state
 from mage_rl.policy.base import RequestRejected, SamplingParams
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.constrained import (
@@ -23,7 +24,6 @@ from mage_rl.policy.tiny import build_tiny
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.batching import Sample, samples_from_records
 from mage_rl.rl.learner import Learner, LearnerConfig
-from mage_rl.rl.rollout import TaskInstance, record_from_state
 
 CHOICES = ("<action>PASS</action>", "<action>BET</action>")
 CHAT = [{"role": "user", "content": "Your card: K. Betting so far: none."}]

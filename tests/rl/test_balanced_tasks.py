@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from mage_rl.envs import Population
-from mage_rl.rl.rollout import sample_tasks
+from mage_rl.graphs.rollouts import sample_tasks
 
 POP = Population.parse("kuhn:conservative=0.3,kuhn:aggressive=0.3,kuhn:intermediate=0.4")
 

@@ -11,9 +11,9 @@ from mage_rl import runtime
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.envs import Population
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import collect_rollouts, sample_tasks
 from mage_rl.policy.base import Generation, Message, SamplingParams
 from mage_rl.policy.chat_model import PolicyChatModel
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
 
 
 class SeedRecorder:

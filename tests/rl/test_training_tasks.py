@@ -6,9 +6,9 @@ from collections import defaultdict
 
 from mage_rl import runtime
 from mage_rl.config import TrainConfig, load_config
+from mage_rl.graphs.rollouts import record_from_state
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import record_group
-from mage_rl.rl.rollout import record_from_state
 
 
 def _cfg(*overrides: str) -> TrainConfig:

@@ -12,13 +12,13 @@ import torch
 
 from mage_rl.envs import Population
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import collect_rollouts, sample_tasks
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.openai_client import OpenAIPolicy
 from mage_rl.policy.scoring import teacher_forced_logprobs
 from mage_rl.policy.tokenization import render_prompt
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
 
 from .conftest import MODEL
 
@@ -85,7 +85,7 @@ def test_kuhn_meta_episode_through_the_endpoint_is_trainable(server) -> None:
 @pytest.mark.parametrize("keep", [True, False])
 def test_mage_eval_over_the_endpoint_keeps_ids_on_request(server, tmp_path, keep) -> None:
     from mage_rl.cli import main
-    from mage_rl.eval.run_folder import records_path
+    from mage_rl.eval.eval_folder import records_path
 
     argv = ["eval", "--agent", "react=endpoint", "--endpoint", server.url]
     argv += ["--endpoint-model", MODEL, "--n", "2", "--max-tokens", "16", "--no-progress"]

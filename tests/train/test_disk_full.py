@@ -21,7 +21,7 @@ import torch
 from mage_rl.cli import main
 from mage_rl.fileio import WRITE_FAILED_EXIT, WriteError, write_error, writing
 from mage_rl.rl.metrics_log import MetricsLogger
-from mage_rl.rl.run_folder import latest_checkpoint
+from mage_rl.train_folder import latest_checkpoint
 
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 SETTINGS = ["rollout.tasks=1", "rollout.group_size=2", "eval.tasks=0", "policy.max_tokens=8",

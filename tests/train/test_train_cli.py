@@ -112,7 +112,7 @@ def test_cli_reports_bad_config(capsys) -> None:
 
 
 def test_rollout_cli_writes_jsonl(tmp_path) -> None:
-    from mage_rl.rl.rollout import read_jsonl
+    from mage_rl.graphs.rollouts import read_jsonl
 
     out = tmp_path / "r.jsonl"
     assert main(["rollout", "--config", str(CONFIG), "--out", str(out),

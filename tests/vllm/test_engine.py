@@ -10,13 +10,13 @@ import torch
 
 from mage_rl.envs import Population
 from mage_rl.graphs import GraphOptions, mage_graph
+from mage_rl.graphs.rollouts import collect_rollouts, sample_tasks
 from mage_rl.policy.base import SamplingParams
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.scoring import teacher_forced_logprobs
 from mage_rl.policy.tokenization import render_prompt
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
-from mage_rl.rl.rollout import collect_rollouts, sample_tasks
 
 from .conftest import VLLM
 

@@ -20,8 +20,8 @@ from mage_rl.eval.agents import AgentSpec
 from mage_rl.eval.conditions import EvalConfig, opponent_population
 from mage_rl.eval.settings import EvalSettings
 from mage_rl.fileio import atomic_write_json, atomic_write_lines
+from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.records import MetaEpisodeRecord
-from mage_rl.rl.rollout import TaskInstance
 
 log = logging.getLogger(__name__)
 

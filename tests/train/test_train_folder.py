@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mage_rl import train_folder
 from mage_rl.cli import main
-from mage_rl.rl import run_folder
 from mage_rl.rl.metrics_log import MetricsLogger, cut_metrics
-from mage_rl.rl.run_folder import (
+from mage_rl.rl.trainer import Trainer
+from mage_rl.train_folder import (
     STATE_FILE,
     check_resume_config,
     clear_retired,
@@ -25,7 +26,6 @@ from mage_rl.rl.run_folder import (
     retire_checkpoints,
     start_checkpoint,
 )
-from mage_rl.rl.trainer import Trainer
 
 CONFIG = Path(__file__).parents[2] / "configs" / "kuhn_tiny.yaml"
 
@@ -185,10 +185,10 @@ def test_a_kill_mid_deletion_never_leaves_a_countable_checkpoint(
         (Path(path) / "model" / "model.safetensors").unlink()  # part of it is gone
         raise Killed
 
-    monkeypatch.setattr(run_folder.shutil, "rmtree", rmtree_killed_halfway)
+    monkeypatch.setattr(train_folder.shutil, "rmtree", rmtree_killed_halfway)
     with pytest.raises(Killed):
         retire_checkpoints(root, saved=6, keep=1)
-    monkeypatch.setattr(run_folder.shutil, "rmtree", real_rmtree)
+    monkeypatch.setattr(train_folder.shutil, "rmtree", real_rmtree)
     # The half-deleted folder kept its trainer_state.json, but no longer an iter_ name.
     names = sorted(p.name for p in root.iterdir())
     assert names == [".retired-iter_000004", "iter_000005", "iter_000006"]

@@ -1,4 +1,4 @@
-"""The run folder's life cycle: when a run exists, what a resume may change, old checkpoints.
+"""A training run's folder: when a run exists, what a resume may change, old checkpoints.
 
 Rules (docs/training.md, "Checkpoints, resume, interruption"):
 
