@@ -6,7 +6,8 @@ Prints, as JSON: lines of Python under ``mage_rl/``, the ten largest modules and
 modules pass 500 lines (a size is tracked here, not enforced: modules split by concept), leaf keys of a training config,
 flags of every ``mage`` sub-command, imports of ``mage_rl`` modules made inside function
 bodies, the import cycles among ``mage_rl`` modules when those count (strongly connected
-groups of more than one module), and the files git tracks under ``docs/``. Reads the source only (the
+groups of more than one module), the imports that point up a layer of
+:mod:`mage_rl.layers` (and the package pairs they join), and the files git tracks under ``docs/``. Reads the source only (the
 AST); nothing is imported from ``REPO_DIR`` except the config and the parser, which are
 read from the installed package.
 """
@@ -121,6 +122,8 @@ def figures(repo: Path) -> dict[str, object]:
         ["git", "-C", str(repo), "ls-files", "docs"], capture_output=True, text=True, check=True
     )
     docs = [Path(line) for line in tracked.stdout.splitlines()]
+    from mage_rl.layers import upward
+
     sizes = sorted(((len(f.read_text().splitlines()), n) for n, f in modules.items()), reverse=True)
     return {
         "lines_in_mage_rl": lines,
@@ -129,6 +132,10 @@ def figures(repo: Path) -> dict[str, object]:
         "modules_over_500_lines": sum(n > 500 for n, _ in sizes),
         "function_level_imports_of_mage_rl_modules": inner_count,
         "import_cycles": [len(c) for c in _cycles(graph)],
+        "upward_imports": len(upward(graph)),
+        "upward_package_pairs": len(
+            {(a.split(".")[:2][-1], b.split(".")[:2][-1]) for a, b in upward(graph)}
+        ),
         "files_under_docs": len(docs),
         "files_under_docs_results": sum("results" in p.parts for p in docs),
     }
