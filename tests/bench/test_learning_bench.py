@@ -152,6 +152,13 @@ def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path)
     assert doc["last_minus_first"]["n"] == 6
     assert doc["last_better_than_first"] == (doc["last_minus_first"]["low"] > 0)
     assert doc["beats_last_shown"]["n"] == 12  # rounds 2 and 3 of 6 meta-episodes
+    # By family: rps_unseen is the biased family alone, so its figures are the whole's.
+    (family,) = doc["families"].items()
+    assert family[0] == "biased" and family[1]["n"] == 6
+    assert family[1]["last_minus_first"]["mean"] == pytest.approx(doc["last_minus_first"]["mean"])
+    assert family[1]["bayes_last_family"] == pytest.approx(0.192)
+    assert family[1]["bayes_last_population"] == pytest.approx(0.192)
+    assert "| biased | 6 |" in format_transfer(doc)
     saved = json.loads((tmp_path / "transfer" / "transfer.json").read_text())
     assert saved["provenance"]["command"] and saved["checkpoint"] == str(checkpoint)
 
