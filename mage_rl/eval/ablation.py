@@ -12,7 +12,10 @@ What it writes into ``OUT``:
 - ``ablation.json``: per variant and seed, the run's status, the first- and last-episode
   payoff with 95 % intervals, every episode's, the share of first episodes that probe
   (where the game defines a probe: a showdown call), the paired verdict against the
-  first variant; the exact references of the game; provenance stamped at the start;
+  first variant; per variant the verdict across seeds (``across_seeds``: the per-seed
+  differences' mean with a t interval over the seeds, which holds the seed-to-seed
+  variation of training); the exact references of the game; provenance stamped at the
+  start;
 - ``ablation.md``: the same as tables, every run shown, failed ones too;
 - ``ablation.png``: first and last episode per variant and seed, with the references.
 
@@ -222,6 +225,25 @@ def verdict(
     return {**paired, "verdict": word, "apart": above, "intervals_apart": disjoint}
 
 
+def across_seeds(variant: dict[str, Any]) -> dict[str, Any] | None:
+    """The reference minus the variant over the seeds: the mean of the per-seed paired
+    differences with a t interval over the seeds, so that it holds how much training
+    itself varies from seed to seed (a per-seed verdict holds only the evaluation's
+    noise). ``apart`` when the interval lies above 0; ``None`` with fewer than 2 seeds."""
+    diffs = [
+        r["verdict"]["difference"]["mean"]
+        for r in variant["seeds"].values()
+        if r.get("verdict") and r["verdict"]["difference"].get("mean") is not None
+    ]
+    if len(diffs) < 2:
+        return None
+    est = mean_interval(diffs).to_dict()
+    above = est["low"] is not None and est["low"] > 0
+    below = est["high"] is not None and est["high"] < 0
+    word = "apart" if above else "apart, the variant higher" if below else "not apart"
+    return {"seeds": len(diffs), "difference": est, "verdict": word, "apart": above}
+
+
 def references(cfg: Any) -> dict[str, Any]:
     """Exact values for the config's game and evaluation population, where known."""
     from mage_rl import runtime
@@ -386,6 +408,23 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_share(run['first_probe_share'])} | {_fmt(v['difference']) if v else '(reference)'} | "
                 f"{v['verdict'] if v else ''} |"
             )
+    summaries = [(v["name"], v.get("across_seeds")) for v in doc["variants"][1:]]
+    if any(found for _, found in summaries):
+        lines += [
+            "",
+            f"Across seeds: {doc['reference']} minus the variant, last episode, the mean of "
+            "the per-seed paired differences with a 95 % t interval over the seeds. Seeds "
+            "train differently, so this is the verdict on the setting; a per-seed verdict "
+            "above holds only the evaluation's noise, not how much a run varies.",
+            "",
+            "| variant | seeds | difference | verdict |",
+            "| --- | ---: | --- | --- |",
+        ]
+        for name, found in summaries:
+            if found:
+                lines.append(
+                    f"| {name} | {found['seeds']} | {_fmt(found['difference'])} | {found['verdict']} |"
+                )
     refs = doc.get("references") or {}
     if refs:
         lines += ["", "Exact references: `" + json.dumps(refs) + "`"]

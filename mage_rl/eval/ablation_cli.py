@@ -114,6 +114,8 @@ def run_ablation(
         v["name"]: sum(bool(r.get("verdict", {}).get("apart")) for r in v["seeds"].values())
         for v in doc["variants"][1:]
     }
+    for variant in doc["variants"][1:]:
+        variant["across_seeds"] = ab.across_seeds(variant)
     doc = ab._finite(doc)  # write_results adds the stamp that ablation.md shows
     write_results(out / "ablation.json", doc, started=started, argv=["mage", *(argv or [])])
     (out / "ablation.md").write_text(ab.markdown(doc))
@@ -135,9 +137,15 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         if r["status"] != "done"
     ]
     console.print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'}, {out / 'ablation.png'}")
-    for name, count in doc["apart_seeds"].items():
+    for variant in doc["variants"][1:]:
+        name, count = variant["name"], doc["apart_seeds"][variant["name"]]
+        found = variant.get("across_seeds")
+        summary = (
+            f"; across seeds {ab._fmt(found['difference'])}, {found['verdict']}" if found else ""
+        )
         console.print(
-            f"{doc['reference']} above {name} (paired, last episode): {count} of {len(doc['seeds'])} seeds"
+            f"{doc['reference']} above {name} (paired, last episode): {count} of "
+            f"{len(doc['seeds'])} seeds{summary}"
         )
     if failed:
         error(f"{len(failed)} run(s) failed: {', '.join(failed)}")

@@ -9,6 +9,7 @@ import pytest
 
 from mage_rl.cli import main
 from mage_rl.eval.ablation import (
+    across_seeds,
     bounded_mean_interval,
     implied,
     paired_last,
@@ -64,6 +65,23 @@ def test_paired_verdict() -> None:
     assert v["apart"] and v["intervals_apart"] and v["verdict"] == "apart"
     same = verdict(paired_last(other, other, (-1.5, 1.0)), {"low": -0.1}, {"high": 0.1})
     assert not same["apart"] and same["verdict"] == "not apart"
+
+
+def test_the_verdict_across_seeds_holds_how_training_varies() -> None:
+    def variant(diffs: list[float]) -> dict:
+        return {"seeds": {str(i): {"verdict": {"difference": {"mean": d}}}
+                          for i, d in enumerate(diffs)}}  # fmt: skip
+
+    # The showdown's returns ablation (MAGE minus single-episode credit, per seed).
+    found = across_seeds(variant([0.430, 0.320, 0.330]))
+    assert found["seeds"] == 3 and found["difference"]["mean"] == pytest.approx(0.36)
+    # t(0.975, 2) = 4.303; the spread of the three differences is 0.0608.
+    assert found["difference"]["low"] == pytest.approx(0.36 - 4.303 * 0.0608 / 3**0.5, abs=1e-3)
+    assert found["apart"] and found["verdict"] == "apart"
+    # Two identical objectives that trained apart on two seeds of three: not apart here.
+    same = across_seeds(variant([0.055, 0.0, 0.140]))
+    assert not same["apart"] and same["verdict"] == "not apart"
+    assert across_seeds(variant([0.5])) is None  # one seed: no spread to estimate
 
 
 def test_ablate_runs_every_variant_and_seed(tmp_path: Path) -> None:

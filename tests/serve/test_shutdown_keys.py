@@ -123,7 +123,9 @@ def test_sigterm_drains_requests_in_flight_then_exits_0() -> None:
         if process.poll() is None:
             process.kill()
     assert code == 0, process.communicate()[0]
-    assert stopped < 1.5 + 5.0  # the drain limit plus shutting down
+    # The drain limit plus shutting down, with room for a loaded machine: the 503 below
+    # shows the endless request was cut, not waited for.
+    assert stopped < 1.5 + 10.0
     assert results["short"]["status"] == 200, results["short"]
     assert results["short"]["body"]["usage"]["completion_tokens"] == 40
     # Cut off at the drain limit, with an OpenAI-shaped 503.
