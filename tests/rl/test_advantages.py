@@ -269,3 +269,23 @@ def test_retired_settings_are_unknown_keys(setting: str) -> None:
     config = Path(__file__).resolve().parents[2] / "configs" / "kuhn_tiny.yaml"
     with pytest.raises(ValueError, match=f"{setting.split('=')[0]}: unknown key"):
         load_config(config, [setting], TrainConfig)
+
+
+def test_the_anchor_scope_cannot_matter_when_every_step_return_is_the_last_reward() -> None:
+    """One step per episode, the differential return with reward_to_go and gamma_traj 1:
+    every answer's step-level return is the last episode's reward, so a global anchor
+    group (both episodes) and local ones (one episode each) have the same mean. Without
+    reward_to_go episode 2's return is R_2 - R_1, and the scope does matter."""
+    records = [
+        make_record("bluffer", r, [(r1, ["bets"]), (r2, ["bets"])])
+        for r, (r1, r2) in enumerate([(10.0, 10.0), (-15.0, 10.0), (0.0, 0.0), (0.0, -15.0)])
+    ]
+    for record in records:  # no reflections between the episodes (meta.context: history)
+        record.turns = [t for t in record.turns if t.kind == "play"]
+
+    def advantages(anchor: str, rtg: bool) -> list[list[float]]:
+        ret = ReturnConfig(mode="differential", gamma_traj=1.0, reward_to_go=rtg)
+        return compute_advantages(records, ret, AdvantageConfig(anchor=anchor, omega=4.0))
+
+    assert advantages("global", True) == advantages("local", True)
+    assert advantages("global", False) != advantages("local", False)
