@@ -118,10 +118,11 @@ def test_36_prompts_of_1_9_mb_are_refused_at_once_and_leave_no_memory(server) ->
     time.sleep(0.5)  # the server hands freed memory back shortly after large requests
     grown = process.memory_info().rss - before
     assert grown < 100 << 20, f"RSS grew {grown >> 20} MiB"
-    # Each took 0.7 s or more to tokenize; refusing takes milliseconds (loose bounds: the
-    # client and the server share this process).
-    assert sorted(seconds)[len(seconds) // 2] < 0.2 and max(seconds) < 0.5, sorted(seconds)
-    assert max(health) < 0.25, sorted(health)[-5:]
+    # Each took 0.7 s or more to tokenize; refusing takes milliseconds. The bounds are
+    # loose (the client and the server share this process, and a loaded machine slows
+    # both): they catch a refusal that tokenizes, or a stalled event loop (seconds).
+    assert sorted(seconds)[len(seconds) // 2] < 0.4 and max(seconds) < 1.0, sorted(seconds)
+    assert max(health) < 0.5, sorted(health)[-5:]
     reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
     assert reply.choices[0].finish_reason in ("stop", "length")
 
