@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 BENCHMARKS = (
     "rollout",
     "learner",
+    "learner-batch",
     "serve",
     "vllm",
     "textenvs",
@@ -227,6 +228,24 @@ def register(sub: argparse._SubParsersAction) -> None:
             "kl_coef",
             "variants",
         )  # fmt: skip
+    )
+
+    p = benches.add_parser(
+        "learner-batch",
+        help="the learner on a training config's own batches: padded rows vs prefix trees",
+        description="Plays real rollouts of CONFIG with the untrained policy and times "
+        "Learner.update on them with right-padded rows and with prefix trees (shared "
+        "prefixes computed once), alternating, after checking that both give the same "
+        "gradient on one mini-batch.",
+    )
+    p.add_argument("config", help="a training config file, say configs/rps_smollm2.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, as mage train --set")  # fmt: skip
+    p.add_argument("--batches", type=int, default=1, help="iterations of rollouts to play")
+    p.add_argument("--repeats", type=int, default=2, help="timed updates per layout and batch")
+    _add_common(p)
+    p.set_defaults(
+        func=_throughput("learner_batch", "config", "batches", "repeats", sets=lambda a: a.set)
     )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")

@@ -32,6 +32,7 @@ from mage_rl.rl.conversation import (
     Segment,
     record_conversation,
 )
+from mage_rl.rl.prefix_tree import build_prefix_tree
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,11 @@ class MicroBatch:
         conversation: Whether a row is a :class:`ConversationSample`: the learner then
             asks the model for the logits of ``positions`` only, since most positions of
             a conversation are context between segments.
+        position_ids: For a batch packed as a prefix tree (:func:`collate_tree`), each
+            node's position, ``(1, N)``; ``input_ids`` is then the one packed row,
+            ``attention_mask`` the tree's ``(1, 1, N, N)`` mask, and ``positions`` the
+            node whose logits predict each trained token of each sample. ``None`` for
+            right-padded rows.
     """
 
     input_ids: torch.Tensor
@@ -351,6 +357,12 @@ class MicroBatch:
     min_prompt_len: int
     allowed_index: torch.Tensor | None = None
     conversation: bool = False
+    position_ids: torch.Tensor | None = None
+
+    @property
+    def tree(self) -> bool:
+        """Whether the batch is one packed prefix tree."""
+        return self.position_ids is not None
 
     @property
     def num_tokens(self) -> int:
@@ -372,12 +384,19 @@ class MicroBatch:
             )
         }
         allowed = None if self.allowed_index is None else self.allowed_index.to(device)
+        position_ids = None if self.position_ids is None else self.position_ids.to(device)
         return MicroBatch(
             **moved,
             min_prompt_len=self.min_prompt_len,
             allowed_index=allowed,
             conversation=self.conversation,
+            position_ids=position_ids,
         )
+
+
+def sequence_ids(sample: TrainingSample) -> list[int]:
+    """The tokens a sample feeds the model (a conversation up to its last segment)."""
+    return _row(sample).input_ids
 
 
 def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
@@ -421,4 +440,32 @@ def collate(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
         min_prompt_len=min(r.positions[0] + 1 if r.positions else len(r.input_ids) for r in rows),
         allowed_index=index,
         conversation=any(isinstance(s, ConversationSample) for s in samples),
+    )
+
+
+def collate_tree(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBatch:
+    """Pack samples as one prefix tree (:mod:`mage_rl.rl.prefix_tree`) into a
+    :class:`MicroBatch` whose trained-token tensors are laid out as :func:`collate`'s.
+
+    Shared prefixes are fed once; each trained token's logits are read at the tree node
+    of the position that predicts it, so the loss and its gradient are those of
+    :func:`collate`'s rows.
+    """
+    rows = [_row(s) for s in samples]
+    tree = build_prefix_tree([r.input_ids for r in rows])
+    padded = collate(samples, pad_id)  # the trained-token tensors, (B, R)
+    positions = torch.zeros_like(padded.positions)
+    for b, row in enumerate(rows):
+        path = tree.paths[b]
+        positions[b, : len(row.positions)] = torch.tensor(
+            [path[p] for p in row.positions], dtype=torch.long
+        )
+    return replace(
+        padded,
+        input_ids=torch.tensor([tree.tokens], dtype=torch.long),
+        attention_mask=tree.attention_mask(),
+        positions=positions,
+        position_ids=torch.tensor([tree.depths], dtype=torch.long),
+        min_prompt_len=0,
+        conversation=True,
     )

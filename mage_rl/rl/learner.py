@@ -50,6 +50,8 @@ from mage_rl.rl.batching import (
     behaviour_logprobs,
     coerce_sample,
     collate,
+    collate_tree,
+    sequence_ids,
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
 from mage_rl.rl.learner_config import LearnerConfig
@@ -64,11 +66,13 @@ from mage_rl.rl.loss import (
 from mage_rl.rl.loss_terms import LOSS_TERMS, LossInputs
 from mage_rl.rl.model_setup import (
     accepts_logits_to_keep,
+    accepts_tree_mask,
     make_reference,
     prepare_policy,
     resolve_autocast_dtype,
 )
 from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
+from mage_rl.rl.prefix_tree import pack_tree_batches
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +121,14 @@ class Learner(LearnerCheckpoints):
         # update when config.entropy_target is set.
         self.entropy_coef = self.config.entropy_coef
         self._generator = torch.Generator().manual_seed(self.config.seed)
+        # Tokens fed to the model (padding or tree nodes included), counted by every pass.
+        self.fed_tokens = 0
         self._keep_logits = {id(self.model): accepts_logits_to_keep(self.model)}
+        # Prefix trees need an attention that takes a custom (N, N) mask; a reference
+        # model must take it too, since it scores the same batches.
+        self.tree = self.config.prefix_tree and all(
+            accepts_tree_mask(m) for m in (self.model, self.ref_model) if m is not None
+        )
         if self.ref_model is not None:
             self._keep_logits[id(self.ref_model)] = accepts_logits_to_keep(self.ref_model)
 
@@ -136,6 +147,21 @@ class Learner(LearnerCheckpoints):
         """Logits that predict each response token, divided by the temperature: ``(B, R, V)``."""
         width = batch.input_ids.shape[1]
         kwargs: dict[str, Any] = {}
+        if batch.tree:
+            rows, trained = batch.positions.shape
+            keep = batch.positions.reshape(1, -1)
+            with self._autocast():
+                out = model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids,
+                    use_cache=False,
+                    **({"logits_to_keep": keep} if self._keep_logits.get(id(model)) else {}),
+                )
+            logits = out.logits
+            if logits.shape[1] != keep.shape[1]:  # the model returned every node's logits
+                logits = logits[:, keep[0]]
+            return logits.reshape(rows, trained, -1).float() / temperature
         if batch.conversation and self._keep_logits.get(id(model), False):
             # A conversation's trained positions are scattered between long stretches of
             # context: ask for the logits of exactly those, (B, R, V), rather than of
@@ -190,6 +216,24 @@ class Learner(LearnerCheckpoints):
                 prepared.append(sample)
         return prepared
 
+    def _micro_batches(
+        self, items: Sequence[TrainingSample]
+    ) -> Iterator[tuple[list[int], MicroBatch]]:
+        """The forward passes over ``items``: indices into it, and their batch on the
+        learner's device. Packed as prefix trees of at most ``micro_batch_tokens`` nodes
+        when :attr:`tree` is on, else right-padded rows under that many padded tokens."""
+        budget = self.config.micro_batch_tokens
+        if self.tree:
+            sequences = [sequence_ids(s) for s in items]
+            groups = pack_tree_batches(sequences, budget)
+        else:
+            groups = pack_micro_batches([s.length for s in items], budget)
+        pack = collate_tree if self.tree else collate
+        for group in groups:
+            batch = pack([items[i] for i in group])
+            self.fed_tokens += batch.input_ids.numel()
+            yield group, batch.to(self.device)
+
     def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[int]]:
         """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size``
         calls; each mini-batch is a list of indices into ``items``."""
@@ -232,11 +276,9 @@ class Learner(LearnerCheckpoints):
         items = [coerce_sample(s) for s in samples]
         out: list[list[float]] = [[] for _ in items]
         nonempty = [i for i, s in enumerate(items) if s.num_response_tokens]
-        lengths = [items[i].length for i in nonempty]
-        for group in pack_micro_batches(lengths, self.config.micro_batch_tokens):
+        # Only the ids matter here; zero log-probs and advantages fill the batch.
+        for group, batch in self._micro_batches([items[i].ids_only() for i in nonempty]):
             chosen = [nonempty[g] for g in group]
-            # Only the ids matter here; zero log-probs and advantages fill the batch.
-            batch = collate([items[i].ids_only() for i in chosen]).to(self.device)
             logits = self._response_logits(self.model, batch, temp)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)
             for row, i in enumerate(chosen):
@@ -288,8 +330,7 @@ class Learner(LearnerCheckpoints):
         temp = cfg.temperature if temperature is None else temperature
         stats: dict[str, float] = defaultdict(float)
         refreshed: list[list[float]] = [[] for _ in items]
-        for group in pack_micro_batches([s.length for s in items], cfg.micro_batch_tokens):
-            batch = collate([items[i] for i in group]).to(self.device)
+        for group, batch in self._micro_batches(items):
             logits = self._response_logits(self.model, batch, temp)  # (B, R, V)
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
             old = batch.old_logprobs
@@ -365,7 +406,10 @@ class Learner(LearnerCheckpoints):
             ``approx_kl`` (token-weighted means over all mini-batches), ``grad_norm`` (mean
             pre-clip norm over optimizer steps), ``steps``, ``skipped_steps`` (non-finite
             gradients), ``tokens`` (response tokens trained on), ``tokens_per_s`` (prompt
-            and response tokens through the learner per second), ``entropy_free`` (the mean
+            and response tokens through the learner per second), ``sample_tokens`` (those
+            tokens: the samples' lengths summed over the update's passes),
+            ``fed_tokens`` (what the model computed for them in every pass, the rescoring
+            pass included: padded rows, or the nodes of prefix trees), ``entropy_free`` (the mean
             entropy of the positions where more than one token was allowed; ``entropy``
             without constrained decoding) and ``entropy_coef`` (the entropy bonus's weight
             during this update).
@@ -373,7 +417,8 @@ class Learner(LearnerCheckpoints):
         cfg = self.config
         items = self._prepare_samples(samples)
         keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
-        counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s")
+        counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s",
+                    "sample_tokens", "fed_tokens")  # fmt: skip
         result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
         result["entropy_coef"] = self.entropy_coef
         if not items:
@@ -381,6 +426,7 @@ class Learner(LearnerCheckpoints):
             return result
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         start = time.perf_counter()
+        fed_before = self.fed_tokens
         weighted: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         seen_tokens = 0
@@ -424,6 +470,8 @@ class Learner(LearnerCheckpoints):
         result["lr"] = float(self.optimizer.param_groups[0]["lr"])
         result["tokens"] = float(trained_tokens)
         result["tokens_per_s"] = seen_tokens / elapsed
+        result["sample_tokens"] = float(seen_tokens)
+        result["fed_tokens"] = float(self.fed_tokens - fed_before)
         self._adapt_entropy_coef(
             result["entropy_free" if cfg.entropy_target_positions == "free" else "entropy"]
         )

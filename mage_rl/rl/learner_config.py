@@ -72,8 +72,14 @@ class LearnerConfig:
         mini_batch_size: LLM calls per optimizer step (paper: 64). A batch of N per-call
             samples gives ``ceil(N / mini_batch_size)`` steps per epoch; a conversation
             sample counts one call per segment and is never split across steps.
-        micro_batch_tokens: Budget of padded tokens (prompt + response) per forward
-            pass; trades memory for speed, leaves the gradient unchanged.
+        micro_batch_tokens: Budget of tokens (prompt + response) per forward pass:
+            padded tokens, or the nodes of a prefix tree with ``prefix_tree``; trades
+            memory for speed, leaves the gradient unchanged.
+        prefix_tree: Feed each forward pass as one prefix tree (:mod:`mage_rl.rl.prefix_tree`):
+            the samples' shared prefixes (the system prompt, rounds that rollouts of one
+            task played alike) are computed once, the gradient stays the same. Used
+            where the model's attention takes a custom mask (Hugging Face SDPA); other
+            models get right-padded rows.
         ppo_epochs: Passes over the batch (SPEC §6: 1). More epochs reuse samples more
             but go further off-policy.
         shuffle: Shuffle samples before cutting mini-batches (seeded by ``seed``), so a
@@ -115,6 +121,7 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     mini_batch_size: int = 64
     micro_batch_tokens: int = 4096
+    prefix_tree: bool = True
     ppo_epochs: int = 1
     shuffle: bool = True
     seed: int = 0

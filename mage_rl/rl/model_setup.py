@@ -52,6 +52,15 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+def accepts_tree_mask(model: nn.Module) -> bool:
+    """Whether ``model`` attends under a custom boolean ``(B, 1, Q, K)`` mask with its own
+    ``position_ids``, as a packed prefix tree needs: Hugging Face models running SDPA
+    attention (the default on CPUs and most GPUs)."""
+    base: Any = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
+    config = getattr(base, "config", None)
+    return getattr(config, "_attn_implementation", None) == "sdpa"
+
+
 def freeze(model: nn.Module) -> nn.Module:
     """``model`` with no trainable parameter, in eval mode."""
     model.requires_grad_(False)

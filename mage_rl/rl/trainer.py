@@ -49,7 +49,7 @@ from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
 from mage_rl.rl.baselines import evaluate_baselines
-from mage_rl.rl.batching import samples_from_records
+from mage_rl.rl.batching import TrainingSample, samples_from_records
 from mage_rl.rl.league import League
 from mage_rl.rl.learner import Learner
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
@@ -220,7 +220,8 @@ class Trainer:
             update={"env": self.cfg.env.model_copy(update={"population": text})}
         )
 
-    def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
+    def samples(self, records: list[MetaEpisodeRecord]) -> list[TrainingSample]:
+        """The learner's samples of an iteration's records, each call with its credit."""
         # With self-play the opponent's calls are samples of their own seat's records.
         trained = list(records) + seat_records(records)
         # Kept for the iteration's metrics and samples file: the credit of every call.
@@ -229,8 +230,10 @@ class Trainer:
             credit_parts(trained, self.cfg.returns, self.cfg.advantages),
         )
         advantages = [[c.advantage for c in calls] for calls in self.credit]
-        samples = samples_from_records(trained, advantages)
-        stats = self.learner.update(samples, refresh_old=self.refresh_old)
+        return samples_from_records(trained, advantages)
+
+    def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
+        stats = self.learner.update(self.samples(records), refresh_old=self.refresh_old)
         self.engine.update_weights(self.learner.state_dict_for_inference())
         if self.self_play is not None:
             self.self_play.forget()
@@ -490,6 +493,10 @@ class Trainer:
                 "perf/rollout_share": rollout_s / max(1e-9, rollout_s + learn_s),
                 "perf/rollout_tokens_per_s": generated / max(1e-9, rollout_s),
                 "perf/learner_tokens_per_s": stats.get("tokens_per_s", 0.0),
+                # Samples' tokens over the tokens the model computed: above 1 where
+                # prefix trees share what the samples repeat, below where rows are padded.
+                "perf/learner_token_ratio": stats.get("sample_tokens", 0.0)
+                / max(1.0, stats.get("fed_tokens", 0.0)),
             }
         )
         scalars.update(node_metrics(self.trained, self.credit))

@@ -67,9 +67,15 @@ DEFAULTS = {
         out="runs/learning", no_progress=False, diagnose=False, checkpoint=None,
         population=None, set=[], threads=None,
     ),
+    "learner-batch": dict(
+        config="configs/x.yaml", set=[], batches=1, repeats=2, json=None, threads=None
+    ),
     "view": dict(run="runs/x", meta_episodes=10_000, rounds=3, json=None, threads=None),
 }  # fmt: skip
-REQUIRED = {"view": ["runs/x"]}  # positional arguments a benchmark cannot do without
+REQUIRED = {
+    "view": ["runs/x"],
+    "learner-batch": ["configs/x.yaml"],
+}  # positional arguments a benchmark cannot do without
 
 
 @pytest.mark.parametrize("what", BENCHMARKS)

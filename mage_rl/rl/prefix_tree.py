@@ -1,0 +1,136 @@
+"""Sequences that share prefixes, packed as one prefix tree for a single forward pass.
+
+The meta-episodes of a batch begin alike: every conversation opens with the same system
+prompt, and rollouts of one task that answered alike share whole rounds. Scored one row
+per sequence, each shared token is computed once per sequence that holds it. Packed as a
+tree, each distinct prefix is computed once: the tokens of every sequence are inserted
+into a trie, its nodes are laid out in depth-first pre-order as one row, and each node
+attends to itself and its ancestors only, at the position its depth gives. A node then
+sees exactly the tokens its sequences see at that point, so its hidden states and logits
+are those of every sequence through it, and a sequence's token ``j`` is read at the node
+its path reaches at depth ``j``.
+
+In pre-order the ancestors of node ``i`` are the nodes ``a <= i`` whose subtree (the
+interval ``[a, end[a])``) holds ``i``, which gives the mask without walking the tree.
+
+Gradients stay exact: a logit read by several sequences is gathered once per reader, and
+the backward pass adds their contributions at the shared node, as separate rows would
+have added them into the shared weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """A set of token sequences packed as a trie in depth-first pre-order.
+
+    Attributes:
+        tokens: The token id of each node, in pre-order.
+        depths: Each node's depth (0 for a first token), its position id.
+        ends: One past the last node of each node's subtree.
+        paths: For each sequence, the node of each of its tokens, in order.
+    """
+
+    tokens: list[int]
+    depths: list[int]
+    ends: list[int]
+    paths: list[list[int]]
+
+    @property
+    def size(self) -> int:
+        """Nodes: the tokens one forward pass over the tree computes."""
+        return len(self.tokens)
+
+    def attention_mask(self) -> torch.Tensor:
+        """``(1, 1, N, N)`` bool: node ``i`` attends to node ``j`` when ``j`` is ``i`` or
+        one of its ancestors."""
+        index = torch.arange(self.size)
+        ends = torch.tensor(self.ends, dtype=torch.long)
+        allowed = (index[None, :] <= index[:, None]) & (ends[None, :] > index[:, None])
+        return allowed[None, None]
+
+
+def build_prefix_tree(sequences: Sequence[Sequence[int]]) -> PrefixTree:
+    """Pack ``sequences`` into a :class:`PrefixTree`; equal prefixes share nodes.
+
+    Children keep the order in which they were first inserted, so the layout follows the
+    order of ``sequences``.
+    """
+    # The trie: per node, its token and its children by token (first-seen order).
+    node_tokens: list[int] = []
+    children: list[dict[int, int]] = [{}]  # children[0] is the root, which holds no token
+    trie_paths: list[list[int]] = []
+    for seq in sequences:
+        node, path = 0, []
+        for token in seq:
+            token = int(token)
+            nxt = children[node].get(token)
+            if nxt is None:
+                node_tokens.append(token)
+                children.append({})
+                nxt = len(node_tokens)  # trie ids start at 1; 0 is the root
+                children[node][token] = nxt
+            node = nxt
+            path.append(node)
+        trie_paths.append(path)
+    # Depth-first pre-order, iteratively (sequences may be thousands of tokens deep).
+    order: dict[int, int] = {}
+    tokens: list[int] = []
+    depths: list[int] = []
+    ends: list[int] = []
+    stack: list[tuple[int, int, bool]] = [
+        (child, 0, False) for child in reversed(children[0].values())
+    ]
+    while stack:
+        node, depth, done = stack.pop()
+        if done:
+            ends[order[node]] = len(tokens)
+            continue
+        order[node] = len(tokens)
+        tokens.append(node_tokens[node - 1])
+        depths.append(depth)
+        ends.append(-1)
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in reversed(children[node].values()))
+    paths = [[order[node] for node in path] for path in trie_paths]
+    return PrefixTree(tokens, depths, ends, paths)
+
+
+def pack_tree_batches(sequences: Sequence[Sequence[int]], node_budget: int) -> list[list[int]]:
+    """Group sequence indices into trees of at most ``node_budget`` nodes each.
+
+    Sequences are taken in sorted order of their tokens, so those that share prefixes
+    fall into the same tree; a sequence that alone exceeds the budget gets a tree of its
+    own. Every index appears exactly once.
+    """
+    order = sorted(range(len(sequences)), key=lambda i: (list(sequences[i]), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    trie: dict[int, dict] = {}
+    nodes = 0
+    for i in order:
+        seq = sequences[i]
+        # Nodes this sequence adds to the current tree.
+        node, new, depth = trie, 0, 0
+        while depth < len(seq) and int(seq[depth]) in node:
+            node = node[int(seq[depth])]
+            depth += 1
+        new = len(seq) - depth
+        if current and nodes + new > node_budget:
+            batches.append(current)
+            current, trie, nodes = [], {}, 0
+            node, new = trie, len(seq)
+            depth = 0
+        for token in seq[depth:]:
+            node = node.setdefault(int(token), {})
+        nodes += new
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
