@@ -39,6 +39,7 @@ class LearnerCheckpoints:
     entropy_coef: float
     _generator: torch.Generator
     state_dict_for_inference: Callable[[], dict[str, torch.Tensor]]
+    _check_not_released: Callable[[], None]
 
     def _rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -63,6 +64,7 @@ class LearnerCheckpoints:
         Returns:
             The checkpoint directory.
         """
+        self._check_not_released()
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")

@@ -414,6 +414,7 @@ class Learner(LearnerCheckpoints):
             without constrained decoding) and ``entropy_coef`` (the entropy bonus's weight
             during this update).
         """
+        self._check_not_released()
         cfg = self.config
         items = self._prepare_samples(samples)
         keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
@@ -476,6 +477,21 @@ class Learner(LearnerCheckpoints):
             result["entropy_free" if cfg.entropy_target_positions == "free" else "entropy"]
         )
         return result
+
+    def release_training_state(self) -> None:
+        """Free what only later updates need (AdamW's moments, gradients), at the end of
+        training: about 8 bytes per trained parameter. The weights stay; :meth:`update`
+        and :meth:`save` refuse afterwards, since the moments are gone."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+        self.released = True
+
+    def _check_not_released(self) -> None:
+        if getattr(self, "released", False):
+            raise RuntimeError(
+                "the learner's optimizer state was released at the end of training; build "
+                "a new Learner (or load a checkpoint) to train or save again"
+            )
 
     def _set_lr(self) -> None:
         """The learning rate of the next optimizer step (linear warm-up, then ``lr``)."""

@@ -398,6 +398,7 @@ class Trainer:
                     and not final_logged
                     and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
                 ):
+                    self._release_learner(last_saved)
                     with self.clock.phase(EVAL_AFTER):
                         last_eval = self.evaluate(self.iteration, eval_bar("trained"))
                         self.log(self.iteration, flatten_summary(last_eval, "eval"))
@@ -439,6 +440,13 @@ class Trainer:
             "verdict": written.get("verdict", []),
             "eval": last_eval,
         }
+
+    def _release_learner(self, last_saved: int) -> None:
+        """Free the learner's optimizer state before the final evaluation, when training
+        is over and its last iteration is saved (a 135M model's AdamW moments are 1 GB)."""
+        release = getattr(getattr(self, "learner", None), "release_training_state", None)
+        if release is not None and last_saved == self.iteration == self.cfg.train.iterations:
+            release()
 
     def _logged_final_eval(self) -> dict[str, Any] | None:
         """The final evaluation of a finished run that is resumed again, if logged.

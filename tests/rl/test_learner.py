@@ -374,3 +374,19 @@ def test_bad_inputs_raise() -> None:
         LearnerConfig(mini_batch_size=0)
     with pytest.raises(ValueError, match="dtype"):
         LearnerConfig(dtype="fp16")  # type: ignore[arg-type]
+
+
+def test_released_training_state_frees_the_moments_and_refuses_to_train(tmp_path: Path) -> None:
+    learner = Learner(make_model(), fp32(lr=1e-3))
+    samples = on_policy_samples(learner, [1.0, -1.0])
+    learner.update(samples)
+    assert learner.optimizer.state
+    before = learner.compute_logprobs(samples)
+    learner.release_training_state()
+    assert not learner.optimizer.state
+    assert all(p.grad is None for p in learner.params)
+    assert learner.compute_logprobs(samples) == before  # the weights stay
+    with pytest.raises(RuntimeError, match="released"):
+        learner.update(samples)
+    with pytest.raises(RuntimeError, match="released"):
+        learner.save(tmp_path / "ckpt")
