@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from mage_rl.api import load_config
+
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("padded", "tree")
@@ -63,7 +65,6 @@ def bench_learner_batch(
     """
     import torch
 
-    from mage_rl.api import load_config
     from mage_rl.rl.trainer import Trainer
 
     if batches < 1 or repeats < 1:
