@@ -116,20 +116,18 @@ def pack_tree_batches(sequences: Sequence[Sequence[int]], node_budget: int) -> l
     nodes = 0
     for i in order:
         seq = sequences[i]
-        # Nodes this sequence adds to the current tree.
-        node, new, depth = trie, 0, 0
+        # Walk the shared prefix; the rest of the sequence is what it adds to the tree.
+        node, depth = trie, 0
         while depth < len(seq) and int(seq[depth]) in node:
             node = node[int(seq[depth])]
             depth += 1
-        new = len(seq) - depth
-        if current and nodes + new > node_budget:
+        if current and nodes + len(seq) - depth > node_budget:
             batches.append(current)
             current, trie, nodes = [], {}, 0
-            node, new = trie, len(seq)
-            depth = 0
+            node, depth = trie, 0
         for token in seq[depth:]:
             node = node.setdefault(int(token), {})
-        nodes += new
+        nodes += len(seq) - depth
         current.append(i)
     if current:
         batches.append(current)
