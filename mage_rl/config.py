@@ -136,23 +136,12 @@ class PolicyConfig(_Strict):
         "a legal action A, from the model's distribution restricted to those strings; the "
         "learner scores the same restricted distribution. Local engine only.",
     )
-    answer_lead: bool = Field(
-        False,
-        description="With constrain_actions: every play answer restates the environment's "
-        "private fact first (Kuhn Poker: the card, as 'K <action>BET</action>'), so the "
-        "action is chosen right next to it. Kuhn Poker, Leduc Hold'em and Liar's Dice.",
-    )
     explore: float = Field(
         0.0, ge=0.0, lt=1.0,
         description="With constrain_actions, training rollouts only: sample each choice "
         "from (1 - explore) * policy + explore * uniform over the allowed tokens and record "
         "that mixture's log-probs (docs/policy.md). Evaluation never explores.",
     )  # fmt: skip
-    explore_ratio: Literal["exact", "policy"] = Field(
-        "exact",
-        description="PPO's ratio for explored rollouts: exact (policy / mixture) or policy "
-        "(explored answers trained as the policy's own samples; biased).",
-    )
     engine: Literal["local", "vllm"] = Field(
         "local",
         description="local: the batched engine in this process; vllm: a vLLM server that "
@@ -263,11 +252,6 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"meta.agent=react keeps no memory across episodes, but meta.context="
                 f"{self.meta.context!r}; set meta.context: none"
-            )
-        if self.policy.answer_lead and not self.policy.constrain_actions:
-            raise ValueError(
-                "policy.answer_lead is written by constrained decoding; set "
-                "policy.constrain_actions: true with it"
             )
         if self.meta.agent == "react" and self.policy.constrain_actions:
             raise ValueError(

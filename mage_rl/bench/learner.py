@@ -24,7 +24,7 @@ native bf16 instructions (``avx512_bf16``/``amx_bf16``); elsewhere it is emulate
 every variant after the first gets its ratio to the first. ``RESCORE`` is how the old
 log-probs are had when sampler and learner differ in precision (``mage train`` rescores
 then): ``recorded`` (the default: taken as they are), ``before`` (one no-grad pass over
-the batch, then the update) or ``fused`` (``Learner.update(refresh_old=0)``: the update's
+the batch, then the update) or ``fused`` (``Learner.update(old_logprobs="rescored")``: the update's
 own forward pass gives them). ``prompt_spread`` draws each
 prompt's length from ``prompt_len +- prompt_spread``, so that micro-batches carry
 padding as real batches do.
@@ -209,7 +209,7 @@ def time_updates(
 
     def update() -> dict[str, float]:
         if rescore == "fused":
-            return learner.update(batch, refresh_old=0.0)
+            return learner.update(batch, old_logprobs="rescored")
         if rescore == "before":
             fresh = learner.compute_logprobs(batch)
             rescored = [s.with_old_logprobs(lp) for s, lp in zip(batch, fresh, strict=True)]

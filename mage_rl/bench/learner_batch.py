@@ -79,7 +79,7 @@ def bench_learner_batch(
                     f"{cfg.policy.model}'s attention takes no custom mask (Hugging Face SDPA "
                     "is needed), so its learner feeds padded rows only; nothing to compare"
                 )
-            refresh = trainer.refresh_old
+            old, explore = trainer.old_logprobs, cfg.policy.explore
             played = []
             for it in range(batches):
                 start = time.perf_counter()
@@ -87,7 +87,7 @@ def bench_learner_batch(
                 played.append(trainer.samples(records))
                 logger.info("bench learner-batch: batch %d played in %.1f s", it,
                             time.perf_counter() - start)  # fmt: skip
-            agreement = _agreement(learner, played[0], refresh)
+            agreement = _agreement(learner, played[0], old, explore)
             layouts: dict[str, dict[str, Any]] = {
                 name: {"update_s": 0.0, "repeat_s": [], "sample_tokens": 0.0, "fed_tokens": 0.0}
                 for name in LAYOUTS
@@ -102,7 +102,7 @@ def bench_learner_batch(
                         learner.tree = name == "tree"
                         learner._generator.set_state(seed_state)
                         start = time.perf_counter()
-                        stats = learner.update(samples, refresh_old=refresh)
+                        stats = learner.update(samples, old_logprobs=old, explore=explore)
                         elapsed = time.perf_counter() - start
                         if round_:  # the first round warms up
                             timings[name].append(elapsed)
@@ -135,7 +135,7 @@ def bench_learner_batch(
             "learner_dtype": str(learner.autocast_dtype or torch.float32).removeprefix("torch."),
             "mini_batch_size": cfg.learner.mini_batch_size,
             "micro_batch_tokens": cfg.learner.micro_batch_tokens,
-            "refresh_old": refresh,
+            "old_logprobs": old,
             "torch_threads": torch.get_num_threads(),
         },
         "batches": per_batch,
@@ -148,18 +148,18 @@ def bench_learner_batch(
     }
 
 
-def _agreement(learner: Any, samples: list[Any], refresh: float | None) -> dict[str, Any]:
+def _agreement(learner: Any, samples: list[Any], old: str, explore: float) -> dict[str, Any]:
     """One mini-batch's loss terms and gradient under each layout, on the same weights."""
     import torch
 
     group = learner._mini_batches(samples)[0]
     mini = [samples[i] for i in group]
-    if refresh is not None:  # the old log-probs training would use: the policy's own, mixed
+    if old == "rescored":  # the old log-probs training would use: the policy's own, mixed
         from mage_rl.rl.batching import behaviour_logprobs
 
         fresh = learner.compute_logprobs(mini)
         mini = [
-            s.with_old_logprobs(behaviour_logprobs(s, lp, refresh))
+            s.with_old_logprobs(behaviour_logprobs(s, lp, explore))
             for s, lp in zip(mini, fresh, strict=True)
         ]
     out: dict[str, Any] = {}
@@ -192,7 +192,7 @@ def format_learner_batch_report(result: dict[str, Any]) -> str:
         f"Learner on {cfg['batches']} batch(es) of {cfg['config']} ({cfg['model']}, "
         f"{cfg['learner_dtype']} forward, mini-batches of {cfg['mini_batch_size']} calls, "
         f"{cfg['micro_batch_tokens']} tokens a pass, rescoring "
-        f"{'off' if cfg['refresh_old'] is None else 'on'}), fastest of {cfg['repeats']} "
+        f"{'on' if cfg.get('old_logprobs') == 'rescored' else 'off'}), fastest of {cfg['repeats']} "
         f"updates per batch after a warm-up, {cfg['torch_threads']} torch threads",
         "",
         "| layout | s/update | sample tokens | tokens computed | sample tokens/s |",

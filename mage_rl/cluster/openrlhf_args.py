@@ -108,12 +108,6 @@ def openrlhf_flags(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = Fals
             "policy.constrain_actions is not available with train.backend=openrlhf (the "
             "DeepSpeed actor scores the unrestricted distribution); set it to false"
         )
-    if learner.entropy_target > 0:
-        raise ValueError(
-            "learner.entropy_target (adaptive entropy bonus) is not available with "
-            "train.backend=openrlhf, whose actor takes a fixed --actor.entropy_coef; set "
-            "learner.entropy_target: 0 and a fixed learner.entropy_coef"
-        )
     if learner.lr_warmup_steps > 0:
         raise ValueError(
             "learner.lr_warmup_steps is not available with train.backend=openrlhf, whose "

@@ -135,16 +135,6 @@ class TextEnv(ABC):
         return ""
 
     @property
-    def answer_lead(self) -> str:
-        """The private fact the current choice hinges on, in a word or two (``K``, ``die 3``).
-
-        With ``policy.answer_lead`` a constrained answer restates it right before the
-        action tag (``K <action>BET</action>``), so the token that picks the action sits
-        next to the fact it depends on. Empty by default: the environment names none.
-        """
-        return ""
-
-    @property
     def brief_summary(self) -> str:
         """One short line about the finished episode for the ``compact`` template's history.
 

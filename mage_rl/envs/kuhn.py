@@ -81,9 +81,6 @@ class KuhnRules(GameRules):
     def brief_render(self, state: pyspiel.State, seat: int) -> str:
         return f"card {CARDS[card_of(state, seat)]}, bets: {self._brief_bets(state, seat)}"
 
-    def answer_lead(self, state: pyspiel.State, seat: int) -> str:
-        return CARDS[card_of(state, seat)]
-
     def brief_summary(self, state: pyspiel.State, seat: int) -> str:
         line = f"card {CARDS[card_of(state, seat)]}, {self._brief_bets(state, seat)}"
         if betting(state)[-2:] != [BET, PASS]:  # a showdown reveals the opponent's card

@@ -157,11 +157,6 @@ class LeducRules(GameRules):
             f"pot {sum(contributions(state))}, {rounds}"
         )
 
-    def answer_lead(self, state: pyspiel.State, seat: int) -> str:
-        line = timeline(state)
-        mine = card_name(line.cards[seat])
-        return mine if line.public is None else f"{mine}, board {card_name(line.public)}"
-
     def brief_summary(self, state: pyspiel.State, seat: int) -> str:
         line = timeline(state)
         text = self.brief_render(state, seat)

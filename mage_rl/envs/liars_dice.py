@@ -115,9 +115,6 @@ class LiarsDiceRules(GameRules):
     def brief_render(self, state: pyspiel.State, seat: int) -> str:
         return f"die {die_of(state, seat)}, bids: {self._history(state, seat, 'you', 'opp')}"
 
-    def answer_lead(self, state: pyspiel.State, seat: int) -> str:
-        return f"die {die_of(state, seat)}"
-
     def brief_summary(self, state: pyspiel.State, seat: int) -> str:
         return (
             f"die {die_of(state, seat)}, {self._history(state, seat, 'you', 'opp')}, "

@@ -89,10 +89,6 @@ class GameRules(ABC):
         """One short line about a finished game (default: none, see ``TextEnv``)."""
         return ""
 
-    def answer_lead(self, state: pyspiel.State, seat: int) -> str:
-        """The seat's private information for ``policy.answer_lead`` (default: none)."""
-        return ""
-
     @abstractmethod
     def render(self, state: pyspiel.State, seat: int) -> str:
         """The agent's observation of ``state`` (only what its seat may see)."""
@@ -244,12 +240,6 @@ class OpenSpielEnv(TextEnv):
         if self.state is None:
             raise RuntimeError("brief_observation before reset()")
         return self.rules.brief_render(self.state, self.seat)
-
-    @property
-    def answer_lead(self) -> str:
-        if self.state is None:
-            raise RuntimeError("answer_lead before reset()")
-        return self.rules.answer_lead(self.state, self.seat)
 
     @property
     def brief_summary(self) -> str:

@@ -46,7 +46,6 @@ class GameTexts(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     task_description: str = Field(max_length=100_000)
     brief_description: str = Field(default="", max_length=100_000)
-    answer_lead: str = Field(default="", max_length=1_000)
     max_turns: int = Field(default=32, ge=1, le=10_000)
     wording: dict[str, Phrase] | None = Field(default=None, max_length=8)
 
@@ -139,7 +138,6 @@ def game_texts(env: TextEnv) -> dict[str, Any]:
         "name": env.name,
         "task_description": str(env.task_description),
         "brief_description": env.brief_description,
-        "answer_lead": env.answer_lead,
         "max_turns": env.max_turns,
         "wording": asdict(wording_of(env.task_description)),
     }
@@ -269,10 +267,6 @@ class RemoteEnv(TextEnv):
     @property
     def brief_observation(self) -> str:
         return self._current.brief_observation if self._current else ""
-
-    @property
-    def answer_lead(self) -> str:
-        return self.game.answer_lead
 
     @property
     def brief_summary(self) -> str:

@@ -30,11 +30,11 @@ HF folder). The spec may hold no ``:``, ``,`` or ``=`` (population syntax).
 from __future__ import annotations
 
 import dataclasses
-import math
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import torch
 
 from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env
@@ -45,7 +45,7 @@ from mage_rl.eval.exploitability import decision_at, read_policy
 from mage_rl.eval.model_reader import ModelReader, ReadDecision
 from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
-from mage_rl.policy.constrained import allowed_next, is_complete
+from mage_rl.policy.constrained import allowed_next, is_complete, mixture_logprobs
 from mage_rl.policy.models import load_model
 from mage_rl.records import OPPONENT_KIND, Turn
 
@@ -54,8 +54,8 @@ class SeatPlayer:
     """One model at one seat of one game, playing as ``cfg``'s agent plays episode 1.
 
     Args:
-        cfg: The config whose play settings it uses (prompt, layout, answer lead,
-            temperature); constrained decoding is always on.
+        cfg: The config whose play settings it uses (prompt, layout, temperature);
+            constrained decoding is always on.
         game: The environment name.
         seat: The seat it plays.
         model: The causal LM (the engine's own for ``self``), with ``tokenizer``.
@@ -103,10 +103,11 @@ class SeatPlayer:
             token, logprob = allowed[0], 0.0
             if len(allowed) > 1:
                 branch = read.branches[tuple(response)]
-                p = np.array([math.exp(branch[t]) for t in allowed])
-                q = (1 - self.explore) * p / p.sum() + self.explore / len(allowed)
+                policy = torch.tensor([branch[t] for t in allowed], dtype=torch.float64)
+                logq = mixture_logprobs(policy.log_softmax(0), len(allowed), self.explore)
+                q = logq.exp().numpy()
                 k = int(rng.choice(len(allowed), p=q / q.sum()))
-                token, logprob = allowed[k], math.log(q[k])
+                token, logprob = allowed[k], float(logq[k])
             response.append(token)
             logprobs.append(logprob)
             allowed_ids.append(allowed)

@@ -3,7 +3,7 @@
 An agent whose model is a training run (the run folder, one of its checkpoints, or the
 checkpoint's ``model`` folder) plays in the format it was trained in: the run's
 ``config.yaml`` gives its graph, plugins, layout, context, prompt, constrained decoding,
-answer lead, token limit, stop rule, turn limit, dtype and engine (:data:`PLAY_KEYS`). A
+token limit, stop rule, turn limit, dtype and engine (:data:`PLAY_KEYS`). A
 flag of ``mage eval`` overrides the run's value; the override is recorded with the agent
 and listed in the report. An agent without a run plays the flags' values, or
 :func:`play_defaults`.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from mage_rl.config import RunConfig
     from mage_rl.eval.agents import AgentSpec
 
+logger = logging.getLogger(__name__)
+
 PLAY_KEYS: dict[str, str] = {
     "agent": "meta.agent",
     "plugins": "plugins",
@@ -41,7 +44,6 @@ PLAY_KEYS: dict[str, str] = {
     "context": "meta.context",
     "prompt": "meta.prompt",
     "constrain_actions": "policy.constrain_actions",
-    "answer_lead": "policy.answer_lead",
     "max_tokens": "policy.max_tokens",
     "max_turns": "env.max_turns",
     "stop_on_success": "meta.stop_on_success",
@@ -81,7 +83,6 @@ def play_defaults(style: str) -> dict[str, Any]:
         "context": GRAPH_CONTEXT.get(style, "reflection"),
         "prompt": "standard",
         "constrain_actions": False,
-        "answer_lead": False,
         "max_tokens": 96,
         "max_turns": None,
         "stop_on_success": True,
@@ -100,7 +101,7 @@ def get_path(data: dict[str, Any], dotted: str) -> Any:
 
 @functools.cache
 def _saved_config(run_dir: str) -> dict[str, Any]:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from mage_rl.config import RunConfig
     from mage_rl.config_yaml import BASE_DIR_KEY, describe_error, read_yaml
@@ -110,6 +111,17 @@ def _saved_config(run_dir: str) -> dict[str, Any]:
     # Only the sections that say how the agent plays; the training sections of an older
     # run may name settings this version no longer has, and play does not need them.
     data = {key: raw[key] for key in RunConfig.model_fields if key in raw}
+    # Settings an older version wrote and this one removed are dropped, and named.
+    dropped = []
+    for key, value in data.items():
+        section = RunConfig.model_fields[key].annotation
+        if isinstance(value, dict) and isinstance(section, type) and issubclass(section, BaseModel):
+            gone = sorted(set(value) - set(section.model_fields))
+            dropped += [f"{key}.{name}={value[name]!r}" for name in gone]
+            data[key] = {k: v for k, v in value.items() if k not in gone}
+    if dropped:
+        logger.warning("training run %s: this version has no %s; played without them",
+                       run_dir, ", ".join(dropped))  # fmt: skip
     data[BASE_DIR_KEY] = run_dir
     try:
         cfg = RunConfig.model_validate(data)

@@ -142,11 +142,6 @@ class EvalSettings:
         help="constrained decoding on play turns (local models), as "
         "policy.constrain_actions (default: the run's, else off)",
     )
-    answer_lead: bool | None = setting(
-        None,
-        help="with constrained decoding, answers restate the private fact first, as "
-        "policy.answer_lead (default: the run's, else off)",
-    )
     max_tokens: int | None = setting(
         None,
         help="token budget of a play turn, as policy.max_tokens; reflect turns get twice "

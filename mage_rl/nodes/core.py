@@ -62,17 +62,10 @@ def message_text(message: BaseMessage) -> str:
     )
 
 
-def lead_of(ctx: MetaEpisodeContext) -> str:
-    """What a constrained answer writes before its action tag (``answer_lead``), or ''."""
-    if not ctx.options.answer_lead:
-        return ""
-    lead = ctx.env.answer_lead
-    if not lead:
-        raise ValueError(
-            f"answer_lead is on, but {type(ctx.env).__name__} names no lead for its answers "
-            "(TextEnv.answer_lead is empty); turn policy.answer_lead off for this environment"
-        )
-    return f"{lead} "
+def action_choices(ctx: MetaEpisodeContext) -> list[str]:
+    """The answers constrained decoding chooses among: ``<action>A</action>`` for every
+    legal action ``A`` of the current state."""
+    return [f"<action>{a}</action>" for a in ctx.env.legal_actions()]
 
 
 def play_prompt(state: MetaEpisodeState, ctx: MetaEpisodeContext) -> list[Message]:
@@ -135,7 +128,7 @@ async def play(state: MetaEpisodeState, runtime: Runtime[MetaEpisodeContext]) ->
     opts = ctx.options
     choices = None
     if opts.constrain_actions:
-        choices = [lead_of(ctx) + f"<action>{a}</action>" for a in ctx.env.legal_actions()]
+        choices = action_choices(ctx)
     if opts.layout == "conversation":
         reply, conversation = await conversation_call(
             state, ctx, play_prompt(state, ctx), step_message(state, ctx),

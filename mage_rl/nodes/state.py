@@ -87,10 +87,6 @@ class GraphOptions:
         constrain_actions: Constrained decoding on play turns: the response is one of
             ``<action>A</action>`` for the environment's legal actions ``A``, sampled from
             the restricted distribution (the chat model must accept ``choices``).
-        answer_lead: With ``constrain_actions``, every play answer starts with the
-            environment's :attr:`~mage_rl.envs.base.TextEnv.answer_lead` (Kuhn Poker: the
-            agent's card), forced, then the action tag: ``K <action>BET</action>``. The
-            token that picks the action then sits next to the fact it hinges on.
         layout: ``rerendered`` (every call gets a fresh prompt; the paper's) or
             ``conversation`` (the meta-episode is one growing chat of token ids, SPEC §2;
             needs a chat model over the local engine; see :mod:`mage_rl.nodes.conversation`).
@@ -105,7 +101,6 @@ class GraphOptions:
     reflect_max_tokens: int = 160
     prompt: str = "standard"
     constrain_actions: bool = False
-    answer_lead: bool = False
     layout: str = "rerendered"
 
     def __post_init__(self) -> None:
@@ -128,11 +123,6 @@ class GraphOptions:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; valid: {', '.join(LAYOUTS)}")
-        if self.answer_lead and not self.constrain_actions:
-            raise ValueError(
-                "answer_lead is written by constrained decoding (the lead is forced before "
-                "the action tag); turn constrain_actions on with it"
-            )
         if self.constrain_actions and self.react:
             raise ValueError(
                 "constrain_actions restricts the answer to the action tag, so the ReAct "
@@ -183,6 +173,5 @@ def graph_options(cfg: Any) -> GraphOptions:
         reflect_max_tokens=max(cfg.policy.max_tokens, 2 * cfg.policy.max_tokens),
         prompt=cfg.meta.prompt,
         constrain_actions=cfg.policy.constrain_actions,
-        answer_lead=cfg.policy.answer_lead,
         layout=cfg.meta.layout,
     )

@@ -29,7 +29,6 @@ import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -170,19 +169,30 @@ def explored_logprobs(
         return logprobs
     index = torch.as_tensor(list(allowed), dtype=torch.long, device=logprobs.device)
     out = logprobs.clone()
-    mixed = torch.logaddexp(
-        logprobs[..., index] + math.log1p(-explore),
-        torch.full_like(logprobs[..., index], math.log(explore / len(allowed))),
-    )
-    out[..., index] = mixed
+    out[..., index] = mixture_logprobs(logprobs[..., index], len(allowed), explore)
     return out
 
 
-def mix_logprob(logprob: float, n_allowed: int, explore: float) -> float:
-    """One token's log-prob under the exploration mixture over ``n_allowed`` tokens."""
-    if explore <= 0 or n_allowed < 2:
-        return logprob
-    return float(np.logaddexp(logprob + math.log1p(-explore), math.log(explore / n_allowed)))
+def mixture_logprobs(
+    logprobs: torch.Tensor, n_allowed: torch.Tensor | int, explore: float
+) -> torch.Tensor:
+    """The behaviour policy of ``policy.explore``: ``log((1 - explore) * p + explore / n)``.
+
+    The one place the exploration mixture is written; the engine samples from it, the
+    learner's old log-probs and the language-model opponent's draws are computed by it.
+
+    Args:
+        logprobs: The policy's log-probs ``log p`` of the tokens, any shape.
+        n_allowed: How many tokens were allowed at each of them (broadcast against
+            ``logprobs``); where fewer than two, the token was forced and its log-prob
+            is returned unchanged.
+        explore: The uniform share; 0 returns ``logprobs`` itself.
+    """
+    if explore <= 0:
+        return logprobs
+    n = torch.as_tensor(n_allowed, device=logprobs.device).to(logprobs.dtype)
+    mixed = torch.logaddexp(logprobs + math.log1p(-explore), torch.log(explore / n.clamp(min=1.0)))
+    return torch.where(n >= 2, mixed, logprobs)
 
 
 def allowed_index(allowed: Sequence[Sequence[Sequence[int]]], length: int) -> torch.Tensor | None:

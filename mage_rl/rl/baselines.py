@@ -65,7 +65,7 @@ def evaluate_baselines(trainer: Any, progress: Any = None, clock: Any = None) ->
         if label == "react" and options.constrain_actions:
             # ReAct writes a Thought line before its action, which a choice among the
             # action tags cannot hold: it answers freely, as it was designed to.
-            options = replace(options, constrain_actions=False, answer_lead=False)
+            options = replace(options, constrain_actions=False)
         graph = trainer.graph if label == UNTRAINED else agent_graph(label, options)
         tasks, design = trainer.eval_design
         if label != UNTRAINED and 0 < cfg.eval.baseline_tasks < len(tasks):

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from mage_rl.policy.constrained import allowed_index, mix_logprob
+from mage_rl.policy.constrained import allowed_index, mixture_logprobs
 from mage_rl.records import MetaEpisodeRecord, Turn
 from mage_rl.rl.conversation import (
     ConversationSample,
@@ -134,7 +134,7 @@ def behaviour_logprobs(
     ``logprobs`` are the policy's log-probs of the sample's trained tokens (the layout of
     :meth:`~mage_rl.rl.learner.Learner.compute_logprobs`); at each position with several
     allowed tokens the result is the exploration mixture's log-prob, what the engine
-    sampled from (:func:`~mage_rl.policy.constrained.mix_logprob`).
+    sampled from (:func:`~mage_rl.policy.constrained.mixture_logprobs`).
     """
     if explore <= 0:
         return list(logprobs)
@@ -151,7 +151,12 @@ def behaviour_logprobs(
         ]
     if len(allowed) != len(logprobs):
         raise ValueError(f"got {len(logprobs)} log-probs for {len(allowed)} trained tokens")
-    return [mix_logprob(lp, len(a), explore) for lp, a in zip(logprobs, allowed, strict=True)]
+    mixed = mixture_logprobs(
+        torch.tensor(list(logprobs), dtype=torch.float64),
+        torch.tensor([len(a) for a in allowed]),
+        explore,
+    )
+    return mixed.tolist()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class LearnerCheckpoints:
     """Checkpoint I/O of :class:`~mage_rl.rl.learner.Learner` (mixed into it).
 
     Uses the learner's ``config``, ``model``, ``optimizer``, ``device``, ``step``,
-    ``entropy_coef``, shuffling generator and :meth:`state_dict_for_inference`.
+    shuffling generator and :meth:`state_dict_for_inference`.
     """
 
     config: Any
@@ -36,7 +36,6 @@ class LearnerCheckpoints:
     optimizer: Any
     device: torch.device
     step: int
-    entropy_coef: float
     _generator: torch.Generator
     state_dict_for_inference: Callable[[], dict[str, torch.Tensor]]
     _check_not_released: Callable[[], None]
@@ -82,7 +81,6 @@ class LearnerCheckpoints:
             torch.save(self._rng_state(), tmp / "rng.pt")
             meta = {
                 "step": self.step,
-                "entropy_coef": self.entropy_coef,
                 "lora": self.config.lora,
                 "config": asdict(self.config),
             }
@@ -147,7 +145,6 @@ class LearnerCheckpoints:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = int(meta["step"])
-        self.entropy_coef = float(meta.get("entropy_coef", self.config.entropy_coef))
 
     def _load_weights(self, model_dir: Path) -> None:
         from safetensors.torch import load_file

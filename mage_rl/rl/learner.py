@@ -12,8 +12,8 @@ One call to :meth:`Learner.update`:
    assistant segments carry their own); drop samples without response tokens.
 2. For each PPO epoch, shuffle (seeded) and cut the samples into mini-batches of
    ``mini_batch_size`` LLM calls (a conversation sample counts one per segment and is
-   never split); each mini-batch is one optimizer step. With ``refresh_old``, the old
-   log-probs are rescored under the weights that sampled them: the first mini-batch
+   never split); each mini-batch is one optimizer step. With ``old_logprobs="rescored"``,
+   the old log-probs are rescored under the weights that sampled them: the first mini-batch
    reads them from its own forward pass, the later ones from one no-grad pass taken
    before the first step.
 3. Pack each mini-batch into micro-batches under ``micro_batch_tokens`` padded tokens.
@@ -39,11 +39,12 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from mage_rl.policy.constrained import mixture_logprobs
 from mage_rl.rl.batching import (
     MicroBatch,
     TrainingSample,
@@ -59,7 +60,6 @@ from mage_rl.rl.loss import (
     entropy_from_logits,
     gather_logprobs,
     kl_penalty,
-    mix_logprobs,
     policy_loss,
     token_mean,
 )
@@ -75,6 +75,9 @@ from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 from mage_rl.rl.prefix_tree import pack_tree_batches
 
 logger = logging.getLogger(__name__)
+
+OldLogprobs = Literal["recorded", "rescored"]
+"""Where :meth:`Learner.update` takes PPO's old log-probs from."""
 
 
 class Learner(LearnerCheckpoints):
@@ -117,9 +120,6 @@ class Learner(LearnerCheckpoints):
         )
         self.ref_model = make_reference(self.model, ref_model, self.config)
         self.step = 0
-        # The entropy bonus's weight now: config.entropy_coef, or adapted after each
-        # update when config.entropy_target is set.
-        self.entropy_coef = self.config.entropy_coef
         self._generator = torch.Generator().manual_seed(self.config.seed)
         # Tokens fed to the model (padding or tree nodes included), counted by every pass.
         self.fed_tokens = 0
@@ -335,18 +335,21 @@ class Learner(LearnerCheckpoints):
             logp = gather_logprobs(logits, batch.response_ids, batch.allowed_index)  # (B, R)
             old = batch.old_logprobs
             if refresh_old is not None:
-                old = mix_logprobs(logp.detach(), batch.allowed_index, refresh_old)
+                old = logp.detach()
+                if batch.allowed_index is not None:
+                    n_allowed = (batch.allowed_index >= 0).sum(-1)
+                    old = mixture_logprobs(old, n_allowed, refresh_old)
                 for row, i in enumerate(group):
                     refreshed[i] = old[row, : items[i].num_response_tokens].tolist()
             pg_loss, pg_stats = policy_loss(
                 logp, old, batch.advantages, batch.mask, cfg.clip_eps, total
             )
             loss = pg_loss
-            if self.entropy_coef > 0:
+            if cfg.entropy_coef > 0:
                 entropy = token_mean(
                     entropy_from_logits(logits, batch.allowed_index), batch.mask, total
                 )
-                loss = loss - self.entropy_coef * entropy
+                loss = loss - cfg.entropy_coef * entropy
                 entropy = entropy.detach()
             else:
                 with torch.no_grad():
@@ -381,7 +384,8 @@ class Learner(LearnerCheckpoints):
         self,
         samples: Sequence[Any],
         temperature: float | None = None,
-        refresh_old: float | None = None,
+        old_logprobs: OldLogprobs = "recorded",
+        explore: float = 0.0,
     ) -> dict[str, float]:
         """One PPO update over a batch of samples.
 
@@ -393,13 +397,16 @@ class Learner(LearnerCheckpoints):
                 mini-batch, so a conversation trains exactly as its calls would one by one.
             temperature: Sampling temperature of the rollouts (default:
                 ``config.temperature``).
-            refresh_old: When set, the samples' own old log-probs are replaced by the
-                policy's under the current weights (those that sampled them), mixed with
-                this share of uniform exploration at positions with several allowed
-                tokens (``0.0``: the policy's own; see :func:`behaviour_logprobs`). The
-                first mini-batch takes them from its own forward pass, so the rescoring
-                costs one no-grad pass over the later mini-batches only, none when the
-                batch is one mini-batch.
+            old_logprobs: Where PPO's old log-probs come from. ``"recorded"``: each
+                sample's own, as the sampler recorded them. ``"rescored"``: the policy's
+                under the current weights (those that sampled the batch), turned into the
+                behaviour policy's with ``explore``; use it when the sampler's numerics
+                differ from the learner's (a bf16 engine). The first mini-batch takes them
+                from its own forward pass, so rescoring costs one no-grad pass over the
+                later mini-batches only, none when the batch is one mini-batch.
+            explore: The behaviour policy's exploration share (``policy.explore``,
+                :func:`~mage_rl.policy.constrained.mixture_logprobs`), applied to
+                rescored log-probs; recorded ones are already the mixture's.
 
         Returns:
             Statistics: ``loss``, ``pg_loss``, ``kl``, ``entropy``, ``clip_frac``,
@@ -415,13 +422,15 @@ class Learner(LearnerCheckpoints):
             during this update).
         """
         self._check_not_released()
+        if old_logprobs not in ("recorded", "rescored"):
+            raise ValueError(f"old_logprobs must be 'recorded' or 'rescored', got {old_logprobs!r}")
+        refresh_old = explore if old_logprobs == "rescored" else None
         cfg = self.config
         items = self._prepare_samples(samples)
         keys = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl")
         counters = ("grad_norm", "steps", "skipped_steps", "tokens", "tokens_per_s",
                     "sample_tokens", "fed_tokens")  # fmt: skip
         result: dict[str, float] = dict.fromkeys((*keys, "entropy_free", *counters), 0.0)
-        result["entropy_coef"] = self.entropy_coef
         if not items:
             logger.warning("Learner.update got no samples with response tokens; nothing to do")
             return result
@@ -473,9 +482,6 @@ class Learner(LearnerCheckpoints):
         result["tokens_per_s"] = seen_tokens / elapsed
         result["sample_tokens"] = float(seen_tokens)
         result["fed_tokens"] = float(self.fed_tokens - fed_before)
-        self._adapt_entropy_coef(
-            result["entropy_free" if cfg.entropy_target_positions == "free" else "entropy"]
-        )
         return result
 
     def release_training_state(self) -> None:
@@ -499,14 +505,6 @@ class Learner(LearnerCheckpoints):
         lr = self.config.lr * min(1.0, (self.step + 1) / warmup) if warmup else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-
-    def _adapt_entropy_coef(self, entropy: float) -> None:
-        """One step of the adaptive entropy weight (``config.entropy_target``)."""
-        cfg = self.config
-        if cfg.entropy_target <= 0:
-            return
-        step = cfg.entropy_coef_step if entropy < cfg.entropy_target else -cfg.entropy_coef_step
-        self.entropy_coef = min(max(self.entropy_coef + step, 0.0), cfg.entropy_coef_max)
 
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
         """Weights for a rollout engine (``engine.update_weights(sd)``), HF key names.

@@ -49,24 +49,7 @@ class LearnerConfig:
         kl_kind: KL estimator: ``"low_var_kl"`` (k3, Schulman 2020; unbiased and
             non-negative), ``"k1"`` or ``"k2"``.
         entropy_coef: Weight of the entropy bonus (SPEC §6: 0.001); keeps exploration
-            alive, too large a value makes responses ramble. With ``entropy_target`` it
-            is the starting weight.
-        entropy_target: Adaptive entropy bonus when > 0: after each update the weight
-            moves by ``entropy_coef_step``, up when the update's mean entropy (nats per
-            response token, the reported ``entropy``; tokens that constrained decoding
-            forces count as 0) was below this target, down when above, kept within
-            ``[0, entropy_coef_max]``. A policy that turns deterministic early stops
-            sampling the actions it would need to compare; this holds its entropy near
-            the target instead. 0 keeps ``entropy_coef`` fixed.
-        entropy_target_positions: What ``entropy_target`` is compared with: ``"all"``,
-            the mean over every response token (the reported ``entropy``), or
-            ``"free"``, the mean over the positions where more than one token is
-            allowed (the reported ``entropy_free``: under constrained decoding the
-            choice itself, ``PASS`` or ``BET``; without it every token). With ``"free"``
-            the target is in nats per choice, whatever the length of the forced text
-            around it, and a two-way choice can reach up to ln 2.
-        entropy_coef_step: Change of the adaptive weight per update.
-        entropy_coef_max: Upper bound of the adaptive weight.
+            alive, too large a value makes responses ramble.
         max_grad_norm: Global gradient-norm clip; ``0`` disables clipping (the norm is
             still reported).
         mini_batch_size: LLM calls per optimizer step (paper: 64). A batch of N per-call
@@ -114,10 +97,6 @@ class LearnerConfig:
     kl_coef: float = 0.0
     kl_kind: KLKind = "low_var_kl"
     entropy_coef: float = 0.001
-    entropy_target: float = 0.0
-    entropy_target_positions: str = "all"
-    entropy_coef_step: float = 0.01
-    entropy_coef_max: float = 10.0
     max_grad_norm: float = 1.0
     mini_batch_size: int = 64
     micro_batch_tokens: int = 4096
@@ -143,9 +122,6 @@ class LearnerConfig:
             "weight_decay",
             "kl_coef",
             "entropy_coef",
-            "entropy_target",
-            "entropy_coef_step",
-            "entropy_coef_max",
             "max_grad_norm",
             "lora_dropout",
             "lr_warmup_steps",
@@ -165,11 +141,6 @@ class LearnerConfig:
             raise ValueError(
                 f"LearnerConfig.loss_terms names {unknown}, which no code registered "
                 f"(registered: {LOSS_TERMS.names()}); to use your own, {PLUGIN_HINT}"
-            )
-        if self.entropy_target_positions not in ("all", "free"):
-            raise ValueError(
-                "LearnerConfig.entropy_target_positions must be 'all' or 'free', got "
-                f"{self.entropy_target_positions!r}"
             )
         if self.kl_kind not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
             raise ValueError(f"LearnerConfig.kl_kind {self.kl_kind!r} is unknown; use 'low_var_kl'")

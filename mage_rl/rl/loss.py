@@ -20,7 +20,6 @@ normalized the same way, so statistics also add up across micro-batches.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -152,23 +151,6 @@ def entropy_from_logits(
     sub_probs = torch.softmax(sub, dim=-1)
     sub_entropy = torch.logsumexp(sub, dim=-1) - (sub_probs * sub.clamp(min=-1e30)).sum(dim=-1)
     return torch.where(restricted, sub_entropy, entropy)
-
-
-def mix_logprobs(
-    logprobs: torch.Tensor, allowed_index: torch.Tensor | None, explore: float
-) -> torch.Tensor:
-    """Log-probs under the exploration mixture, ``(B, R)``: the tensor form of
-    :func:`~mage_rl.policy.constrained.mix_logprob`.
-
-    At each position with two or more allowed tokens (``allowed_index``, ``(B, R, A)``
-    padded with -1) the token's probability becomes ``(1 - explore) * p + explore / n``;
-    elsewhere, and when ``explore`` is 0, ``logprobs`` are returned unchanged.
-    """
-    if explore <= 0 or allowed_index is None:
-        return logprobs
-    n = (allowed_index >= 0).sum(-1).to(logprobs.dtype)  # (B, R)
-    mixed = torch.logaddexp(logprobs + math.log1p(-explore), torch.log(explore / n.clamp(min=1.0)))
-    return torch.where(n >= 2, mixed, logprobs)
 
 
 def gather_logprobs(

@@ -51,7 +51,7 @@ from mage_rl.rl.advantages import CallCredit, credit_parts
 from mage_rl.rl.baselines import evaluate_baselines
 from mage_rl.rl.batching import TrainingSample, samples_from_records
 from mage_rl.rl.league import League
-from mage_rl.rl.learner import Learner
+from mage_rl.rl.learner import Learner, OldLogprobs
 from mage_rl.rl.metrics_log import MetricsLogger, flatten_summary, node_metrics
 from mage_rl.rl.phases import (
     EVAL_AFTER,
@@ -187,10 +187,6 @@ class Trainer:
             and self.learner.autocast_dtype is None
         )
         self.recompute_old_logprobs = mode == "always" or (mode == "auto" and not exact)
-        # Explored rollouts trained as the policy's own samples: the old log-probs must be
-        # the policy's, which the engine did not record.
-        if cfg.policy.explore > 0 and cfg.policy.explore_ratio == "policy":
-            self.recompute_old_logprobs = True
         start = 0
         if checkpoint is not None:
             self.learner.load(checkpoint)
@@ -233,20 +229,19 @@ class Trainer:
         return samples_from_records(trained, advantages)
 
     def learn(self, records: list[MetaEpisodeRecord]) -> dict[str, float]:
-        stats = self.learner.update(self.samples(records), refresh_old=self.refresh_old)
+        stats = self.learner.update(
+            self.samples(records), old_logprobs=self.old_logprobs, explore=self.cfg.policy.explore
+        )
         self.engine.update_weights(self.learner.state_dict_for_inference())
         if self.self_play is not None:
             self.self_play.forget()
         return stats
 
     @property
-    def refresh_old(self) -> float | None:
-        """``Learner.update``'s ``refresh_old``: None when the recorded log-probs are the
-        old ones, else the exploration share to mix into the rescored ones (the rollouts
-        were sampled from the mixture; 0 when explored answers train as the policy's)."""
-        if not self.recompute_old_logprobs:
-            return None
-        return self.cfg.policy.explore if self.cfg.policy.explore_ratio == "exact" else 0.0
+    def old_logprobs(self) -> OldLogprobs:
+        """``Learner.update``'s ``old_logprobs``: rescored when the engine's numerics
+        differ from the learner's (``learner.recompute_old_logprobs``), else recorded."""
+        return "rescored" if self.recompute_old_logprobs else "recorded"
 
     def evaluate(self, iteration: int, on_done: Any = None) -> dict[str, Any]:
         """success@k and ev@k on the fixed evaluation seeds (one rollout per task)."""
@@ -477,7 +472,6 @@ class Trainer:
             "kl",
             "entropy",
             "entropy_free",
-            "entropy_coef",
             "clip_frac",
             "approx_kl",
             "grad_norm",

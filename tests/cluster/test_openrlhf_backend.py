@@ -73,7 +73,6 @@ def test_every_flag_is_one_openrlhf_knows(model_dir: Path, tmp_path: Path) -> No
         ("policy.model=tiny", "HF directory"),
         ("learner.dtype=fp32", "bf16"),
         ("policy.constrain_actions=true", "constrain_actions"),
-        ("learner.entropy_target=0.05", "entropy_target"),
         ("learner.lr_warmup_steps=2", "lr_warmup_steps"),
     ],
 )

@@ -32,8 +32,7 @@ BASE = [
     "policy.max_tokens=12", "eval.tasks=0",
 ]  # fmt: skip
 LAYOUTS = {
-    "conversation_lead": ["meta.layout=conversation", "meta.prompt=compact",
-                          "meta.context=history", "policy.answer_lead=true"],
+    "conversation": ["meta.layout=conversation", "meta.prompt=compact", "meta.context=history"],
     "rerendered_reflection": ["meta.layout=rerendered", "meta.context=history+reflection"],
 }  # fmt: skip
 TRAIN = Population.parse("kuhn_train")

@@ -183,7 +183,7 @@ def test_constrained_and_react_are_rejected() -> None:
         GraphOptions(react=True, context="none", constrain_actions=True)
 
 
-def test_entropy_of_the_free_positions_and_a_target_on_them(tiny) -> None:
+def test_entropy_of_the_free_positions(tiny) -> None:
     model, tokenizer = tiny
     with LocalEngine(model, tokenizer, seed=0) as engine:
         gens = _generate(engine, [SamplingParams(choices=CHOICES, seed=i) for i in range(8)])
@@ -192,30 +192,11 @@ def test_entropy_of_the_free_positions_and_a_target_on_them(tiny) -> None:
     tokens = sum(len(g.response_ids) for g in gens)
     assert 0 < free < tokens
 
-    def learner(positions: str) -> Learner:
-        config = LearnerConfig(
-            lr=1e-9,  # the weights barely move: both learners see the same entropies
-            kl_coef=0.0,
-            dtype="fp32",
-            entropy_coef=1.0,
-            entropy_target=0.2,
-            entropy_coef_step=0.5,
-            entropy_target_positions=positions,
-        )
-        return Learner(build_tiny(seed=3, init_std=0.05)[0], config)
-
-    per_token = learner("all")
-    stats = per_token.update(samples)
+    config = LearnerConfig(lr=1e-9, kl_coef=0.0, dtype="fp32", entropy_coef=1.0)
+    stats = Learner(build_tiny(seed=3, init_std=0.05)[0], config).update(samples)
     # Forced positions count 0 in the token mean; the free mean leaves them out.
     assert stats["entropy_free"] == pytest.approx(stats["entropy"] * tokens / free, rel=1e-5)
     assert stats["entropy"] < 0.2 < stats["entropy_free"] <= math.log(2) + 1e-6
-    # The same target reads as too little entropy per token, enough per choice.
-    assert per_token.entropy_coef == 1.5
-    per_choice = learner("free")
-    per_choice.update(samples)
-    assert per_choice.entropy_coef == 0.5
-    with pytest.raises(ValueError, match="'all' or 'free'"):
-        LearnerConfig(entropy_target_positions="choice")
 
 
 def test_choice_cache_keeps_only_what_succeeded_within_its_bytes(tiny) -> None:

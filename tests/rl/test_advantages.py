@@ -247,30 +247,6 @@ def test_bad_config_raises() -> None:
         AdvantageConfig(omega=-1.0)
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [
-        "advantages.step_pool=batch",
-        "advantages.choice_update=expected",
-        "advantages.branch_memory=0.5",
-        "advantages.branch_source=step",
-        "advantages.branch_unseen=baseline",
-        "learner.entropy_floor=0.2",
-        "learner.train_top_layers=1",
-        "learner.choice_barrier=1.0",
-        "learner.choice_floor=0.05",
-    ],
-)
-def test_retired_settings_are_unknown_keys(setting: str) -> None:
-    from pathlib import Path
-
-    from mage_rl.config import TrainConfig, load_config
-
-    config = Path(__file__).resolve().parents[2] / "configs" / "kuhn_tiny.yaml"
-    with pytest.raises(ValueError, match=f"{setting.split('=')[0]}: unknown key"):
-        load_config(config, [setting], TrainConfig)
-
-
 def test_the_anchor_scope_cannot_matter_when_every_step_return_is_the_last_reward() -> None:
     """One step per episode, the differential return with reward_to_go and gamma_traj 1:
     every answer's step-level return is the last episode's reward, so a global anchor

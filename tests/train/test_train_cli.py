@@ -29,7 +29,7 @@ def test_train_leaves_checkpoint_events_and_metrics(run_dir: Path) -> None:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["iteration"] for x in lines[:2]] == [1, 2]
     for key in ("charts/success@1", "charts/success@3", "losses/loss", "losses/kl",
-                "losses/clip_frac", "losses/entropy", "losses/entropy_free", "losses/entropy_coef",
+                "losses/clip_frac", "losses/entropy", "losses/entropy_free",
                 "losses/grad_norm",
                 "perf/rollout_s", "perf/learn_s", "perf/learner_tokens_per_s"):  # fmt: skip
         assert key in lines[0], key
