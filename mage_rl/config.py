@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from mage_rl.cluster.settings import OpenRLHFSection
 from mage_rl.config_yaml import (
     BASE_DIR_KEY,
     Sources,
@@ -30,12 +29,13 @@ from mage_rl.config_yaml import (
     strict_scalars,
     with_plugins_loaded,
 )
-from mage_rl.eval.training_settings import EvalSection
 from mage_rl.policy.models import model_spec_problem
-from mage_rl.rl.advantages import AdvantageConfig
-from mage_rl.rl.league import LeagueSection
-from mage_rl.rl.learner_config import LearnerConfig
-from mage_rl.rl.returns import ReturnConfig
+from mage_rl.sections.advantages import AdvantageConfig
+from mage_rl.sections.evaluation import EvalSection
+from mage_rl.sections.league import LeagueSection
+from mage_rl.sections.learner import LearnerConfig
+from mage_rl.sections.openrlhf import OpenRLHFSection
+from mage_rl.sections.returns import ReturnConfig
 
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]
 

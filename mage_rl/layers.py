@@ -13,7 +13,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("games and opponents", ("mage_rl.envs",)),
     ("engines and models", ("mage_rl.policy",)),
     ("agents and the play loop", ("mage_rl.nodes", "mage_rl.graphs")),
-    ("config", ("mage_rl.config",)),
+    ("config", ("mage_rl.sections", "mage_rl.config")),
     ("runtime", ("mage_rl.runtime",)),
     ("measurement", ("mage_rl.eval",)),
     ("training", ("mage_rl.rl",)),

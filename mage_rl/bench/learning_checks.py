@@ -95,8 +95,11 @@ def _one_update_per_term(
     for name, advantages in terms.items():
         learner.model.load_state_dict(weights)
         learner.optimizer.load_state_dict(optimizer)
-        learner.update(samples_from_records(records, advantages),
-                       old_logprobs=trainer.old_logprobs, explore=trainer.cfg.policy.explore)
+        learner.update(
+            samples_from_records(records, advantages),
+            old_logprobs=trainer.old_logprobs,
+            explore=trainer.cfg.policy.explore,
+        )
         out.append((name, measure()))
     learner.model.load_state_dict(weights)
     learner.optimizer.load_state_dict(optimizer)

@@ -18,13 +18,7 @@ import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-EVAL_SEED = 2026
-"""Base seed of evaluation task instances (kept apart from training seeds)."""
-
-# The paper's evaluation sampling (SPEC §6).
-EVAL_TEMPERATURE = 0.7
-EVAL_TOP_P = 0.8
-EVAL_TOP_K = 20
+from mage_rl.sections.sampling import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 
 
 def setting(

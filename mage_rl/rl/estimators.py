@@ -24,11 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mage_rl.registry import Registry
-
-BUILTIN_ESTIMATORS: tuple[str, ...] = ("gigpo", "grpo")
-
-ESTIMATORS: Registry[Callable[..., Any]] = Registry("advantage estimator")
+from mage_rl.sections.estimators import BUILTIN_ESTIMATORS, ESTIMATORS
 
 
 def register_estimator(name: str, fn: Callable[..., Any], *, replace: bool = False) -> None:
@@ -43,8 +39,3 @@ def register_estimator(name: str, fn: Callable[..., Any], *, replace: bool = Fal
     if not callable(fn):
         raise TypeError(f"register_estimator({name!r}): give a function, got {fn!r}")
     ESTIMATORS.register(name, fn, replace=replace)
-
-
-def known_estimators() -> list[str]:
-    """Every estimator name a config may give."""
-    return [*BUILTIN_ESTIMATORS, *ESTIMATORS.names()]

@@ -55,7 +55,6 @@ from mage_rl.rl.batching import (
     sequence_ids,
 )
 from mage_rl.rl.checkpoint import LearnerCheckpoints
-from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import (
     entropy_from_logits,
     gather_logprobs,
@@ -73,6 +72,7 @@ from mage_rl.rl.model_setup import (
 )
 from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 from mage_rl.rl.prefix_tree import pack_tree_batches
+from mage_rl.sections.learner import LearnerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,10 @@ normalized the same way, so statistics also add up across micro-batches.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse"]
+from mage_rl.sections.learner import KLKind
+
 KL_CLAMP = 10.0  # OpenRLHF compute_approx_kl clamps every estimator to [-10, 10]
 
 

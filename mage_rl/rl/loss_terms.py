@@ -26,9 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.registry import Registry
-
-LOSS_TERMS: Registry[Callable[..., Any]] = Registry("loss term")
+from mage_rl.sections.learner import LOSS_TERMS
 
 
 @dataclass(frozen=True)

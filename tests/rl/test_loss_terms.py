@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mage_rl.rl.learner import Learner
-from mage_rl.rl.learner_config import LearnerConfig
 from mage_rl.rl.loss import token_mean
 from mage_rl.rl.loss_terms import LOSS_TERMS, register_loss_term
+from mage_rl.sections.learner import LearnerConfig
 
 
 @pytest.fixture()

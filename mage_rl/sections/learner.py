@@ -6,12 +6,18 @@ Kept apart from the learner so that configs can name them without importing the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from mage_rl.policy.models import DType
-from mage_rl.registry import PLUGIN_HINT
-from mage_rl.rl.loss import KLKind
-from mage_rl.rl.loss_terms import LOSS_TERMS
+from mage_rl.registry import PLUGIN_HINT, Registry
+
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse"]
+
+LOSS_TERMS: Registry[Callable[..., Any]] = Registry("loss term")
+"""Extra loss terms by name (:func:`~mage_rl.rl.loss_terms.register_loss_term`), which
+``learner.loss_terms`` may list."""
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
