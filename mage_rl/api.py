@@ -290,7 +290,7 @@ def load_agent(
             local engine).
     """
     from mage_rl import runtime
-    from mage_rl.eval.play import trained_config
+    from mage_rl.players.play_settings import trained_config
 
     if endpoint is not None and not endpoint_model:
         raise ValueError(

@@ -14,6 +14,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines and models", ("mage_rl.policy",)),
     ("agents and the play loop", ("mage_rl.nodes", "mage_rl.graphs")),
     ("config", ("mage_rl.sections", "mage_rl.config")),
+    ("players", ("mage_rl.players",)),
     ("runtime", ("mage_rl.runtime",)),
     ("measurement", ("mage_rl.eval",)),
     ("training", ("mage_rl.rl",)),

@@ -15,12 +15,12 @@ from mage_rl.envs import Population, make_env, resolve_seat
 from mage_rl.envs.base import derive_seed
 from mage_rl.envs.llm_opponent import is_self, without_self
 from mage_rl.envs.opponents import PlaceholderOpponent
-from mage_rl.eval.llm_opponent import install as install_llm_opponents
 from mage_rl.graphs import MetaEpisodeGraph, agent_graph
 from mage_rl.graphs.rollouts import TaskInstance, collect_rollouts, sample_tasks
 from mage_rl.nodes.conversation import reflect_message, step_message
 from mage_rl.nodes.core import play_prompt
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
+from mage_rl.players.seat_player import install as install_llm_opponents
 from mage_rl.plugins import load_plugins, load_process_plugins
 from mage_rl.policy.chat_model import PolicyChatModel
 from mage_rl.policy.conversation import (

@@ -6,7 +6,7 @@ plays its first episode; ``GAME:self`` is the policy being trained, playing the 
 (self-play; docs/environments.md). This module is the light half, registered with every
 game :func:`~mage_rl.envs.register_env` adds, so a config that names such an opponent
 validates anywhere. The model half (its prompts, the exact strategy read from the
-model, its calls) is :mod:`mage_rl.eval.llm_opponent`: :mod:`mage_rl.runtime` and the
+model, its calls) is :mod:`mage_rl.players.seat_player`: :mod:`mage_rl.runtime` and the
 commands that value opponents (``mage oracle``, ``mage exploitability``) install it as
 :attr:`LLMOpponent.player`; the trainer installs :attr:`SelfOpponent.player`, the current
 policy.
@@ -74,7 +74,7 @@ class LLMOpponent(Opponent):
 
     Nothing is loaded until the first move, so naming it in a population costs nothing.
     ``player(target, game, seat)`` gives the object (a
-    :class:`~mage_rl.eval.llm_opponent.SeatPlayer`) whose ``probabilities(state)`` is the
+    :class:`~mage_rl.players.seat_player.SeatPlayer`) whose ``probabilities(state)`` is the
     model's exact distribution over the legal actions at ``state`` and whose
     ``play(state, rng)`` draws one and returns it with its call.
     """
@@ -96,7 +96,7 @@ class LLMOpponent(Opponent):
         if LLMOpponent.player is None:
             raise RuntimeError(
                 f"opponent {self.spec!r} needs its model half: import mage_rl.runtime (or "
-                "mage_rl.eval.llm_opponent) before playing it"
+                "mage_rl.players.seat_player) before playing it"
             )
         return LLMOpponent.player(self.target, self.game, player)
 

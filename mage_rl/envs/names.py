@@ -99,3 +99,13 @@ class LiveNames:
 
     def __repr__(self) -> str:
         return repr(tuple(self._names()))
+
+
+GAME_SHORT = {
+    "kuhn_poker": "kuhn",
+    "tic_tac_toe": "ttt",
+    "sokoban": "sokoban",
+    "leduc_poker": "leduc",
+    "textworld_express": "twx",
+    "rock_paper_scissors": "rps",
+}

@@ -3,7 +3,7 @@
 An agent is a graph style (``react``, ``reflexion``, ``mage`` or any registered agent)
 driving a model: a local one, an OpenAI-compatible endpoint, or a training run (its
 folder or a checkpoint in it), which brings the graph and the play settings it was
-trained with (:mod:`mage_rl.eval.play`). Its label names it in tables, plots and the run
+trained with (:mod:`mage_rl.players.play_settings`). Its label names it in tables, plots and the run
 folder's ``records/``.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mage_rl.eval.play import run_play
 from mage_rl.eval.served import served_agent
 from mage_rl.graphs import AGENT_GRAPHS
+from mage_rl.players.play_settings import run_play
 from mage_rl.registry import PLUGIN_HINT
 from mage_rl.train_folder import find_run
 
@@ -42,7 +42,7 @@ class AgentSpec:
         served: The agent an endpoint serves (``mage serve RUN --agent``), played as
             it plays there (a :class:`~mage_rl.eval.served.ServedCard`); ``None`` for
             a model.
-        play: How it plays (:data:`~mage_rl.eval.play.PLAY_KEYS`), filled in by
+        play: How it plays (:data:`~mage_rl.players.play_settings.PLAY_KEYS`), filled in by
             :class:`~mage_rl.eval.conditions.EvalConfig`.
         overridden: The play settings in which it departs from its run, with the run's
             values.

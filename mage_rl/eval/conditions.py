@@ -21,29 +21,22 @@ from mage_rl.envs import (
     canonical_game,
     resolve_seat,
 )
+from mage_rl.envs.names import GAME_SHORT
 from mage_rl.eval.agents import AgentSpec
-from mage_rl.eval.play import (
+from mage_rl.eval.settings import EvalSettings
+from mage_rl.graphs.rollouts import TaskInstance, sample_tasks
+from mage_rl.players.play_settings import (
     PLAY_KEYS,
     agent_config,
     population_text,
     resolve_conditions,
     resolve_play,
 )
-from mage_rl.eval.settings import EvalSettings
-from mage_rl.graphs.rollouts import TaskInstance, sample_tasks
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig
 
 OPPONENT_SETS = ("train", "unseen")
-GAME_SHORT = {
-    "kuhn_poker": "kuhn",
-    "tic_tac_toe": "ttt",
-    "sokoban": "sokoban",
-    "leduc_poker": "leduc",
-    "textworld_express": "twx",
-    "rock_paper_scissors": "rps",
-}
 
 
 @dataclass(kw_only=True)
@@ -51,8 +44,8 @@ class EvalConfig(EvalSettings):
     """What every agent of an evaluation shares (:class:`EvalSettings`), and the agents.
 
     Every field is a keyword. On construction the conditions left unset are taken from
-    the agents' runs (:func:`~mage_rl.eval.play.resolve_conditions`), every agent gets
-    its play settings (:func:`~mage_rl.eval.play.resolve_play`), and the checks run;
+    the agents' runs (:func:`~mage_rl.players.play_settings.resolve_conditions`), every agent gets
+    its play settings (:func:`~mage_rl.players.play_settings.resolve_play`), and the checks run;
     they raise ``ValueError`` with the value, the rule and the fix.
     """
 
@@ -116,7 +109,7 @@ class EvalConfig(EvalSettings):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def agent_config(self, agent: AgentSpec, env: str) -> RunConfig:
-        """The run config ``agent`` plays ``env`` from (:func:`~mage_rl.eval.play.agent_config`)."""
+        """The run config ``agent`` plays ``env`` from (:func:`~mage_rl.players.play_settings.agent_config`)."""
         population = opponent_population(str(self.opponents), env)
         text = population_text(population.specs, [float(w) for w in population.weights])
         return agent_config(agent, env, self, text)

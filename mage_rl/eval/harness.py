@@ -5,7 +5,7 @@
    environments, opponent set, ``n`` task instances per environment drawn once with
    :func:`~mage_rl.graphs.rollouts.sample_tasks` from one base seed, K, the episode protocol
    and the sampling settings (default: the paper's evaluation sampling, temperature 0.7,
-   top-p 0.8, top-k 20). Each agent plays in its own format (:mod:`mage_rl.eval.play`):
+   top-p 0.8, top-k 20). Each agent plays in its own format (:mod:`mage_rl.players.play_settings`):
    a trained one as its run's config says (graph, layout, context, prompt, decoding,
    token limit, stop rule, dtype), unless a flag overrides it.
 2. The run folder (:mod:`mage_rl.eval.eval_folder`) gets ``config.json`` (conditions and

@@ -39,19 +39,13 @@ from mage_rl.envs import Population, canonical_spec, game_rules, make_env
 from mage_rl.envs.base import derive_seed, episode_seed
 from mage_rl.envs.openspiel_env import OpenSpielEnv, decision_states
 from mage_rl.envs.opponents import PlaceholderOpponent
-from mage_rl.eval.exploitability import (
-    SEATS,
-    ActionReader,
-    Past,
-    decision_at,
-    read_policy,
-    tabular_policy,
-)
+from mage_rl.eval.exploitability import SEATS, tabular_policy
 from mage_rl.eval.game_oracles import best_response_values, opponent_table
 from mage_rl.eval.stats import mean_interval, normal_quantile
 from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.nodes.core import past_episode
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
+from mage_rl.players.decisions import ActionReader, Past, decision_at, read_policy
 from mage_rl.policy.conversation import ConversationTemplate
 from mage_rl.records import MetaEpisodeRecord
 
@@ -146,7 +140,7 @@ def last_episode_values(
     Args:
         cfg: The run config the records were played with.
         records: Meta-episodes of the run's graph against fixed opponents, K episodes each.
-        reader: Gives ``pi(a | s)`` for decisions (:class:`~mage_rl.eval.model_reader.ModelReader`).
+        reader: Gives ``pi(a | s)`` for decisions (:class:`~mage_rl.players.model_reader.ModelReader`).
         populations: Named populations to weigh the per-opponent values with; their
             members must be among the records' opponents.
         template: The conversation template (conversation layout), else ``None``.

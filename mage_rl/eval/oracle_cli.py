@@ -33,7 +33,7 @@ def cmd_oracle(args: argparse.Namespace) -> int:
     from mage_rl.eval.oracles import kuhn_oracle
 
     if "llm" in (args.population or ""):  # GAME:llm:... opponents load the model stack
-        from mage_rl.eval.llm_opponent import install as install_llm_opponents
+        from mage_rl.players.seat_player import install as install_llm_opponents
 
         install_llm_opponents()
 
@@ -98,7 +98,7 @@ _ORACLE_GAMES = (
 def _game_oracle(args: argparse.Namespace, game: str) -> int:
     """The values of :func:`~mage_rl.eval.game_oracles.game_oracle` as a table or JSON."""
     from mage_rl.envs import Population
-    from mage_rl.eval.conditions import GAME_SHORT
+    from mage_rl.envs.names import GAME_SHORT
     from mage_rl.eval.game_oracles import game_oracle
 
     text = args.population or f"{GAME_SHORT.get(game, game)}_train"

@@ -44,7 +44,7 @@ class EvalSettings:
     """What every agent of an evaluation shares (see each field's ``help``).
 
     A field left ``None`` takes its value from the agents' training runs (an agent given
-    as a run folder or a checkpoint inside one; see :mod:`mage_rl.eval.play`), or else
+    as a run folder or a checkpoint inside one; see :mod:`mage_rl.players.play_settings`), or else
     the default its help names.
     """
 
@@ -107,7 +107,7 @@ class EvalSettings:
         help="keep every call's token ids and log-probs in records/*.jsonl (from the local "
         "engine, or from an endpoint that returns them: vLLM, mage serve); default: text only",
     )
-    # How an agent plays (mage_rl.eval.play.PLAY_KEYS): unset, a trained agent plays as
+    # How an agent plays (mage_rl.players.play_settings.PLAY_KEYS): unset, a trained agent plays as
     # its run's config says and any other agent as the defaults below.
     context: str | None = setting(
         None,

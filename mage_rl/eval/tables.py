@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.eval.decisions import decisions_table, episodes_table
-from mage_rl.eval.play import PLAY_KEYS
+from mage_rl.players.play_settings import PLAY_KEYS
 
 ENV_TITLES = {
     "kuhn_poker": "Kuhn Poker",

@@ -31,7 +31,6 @@ from mage_rl.eval.decisions import (
 )
 from mage_rl.eval.game_oracles import exploitation_values
 from mage_rl.eval.oracles import kuhn_oracle
-from mage_rl.eval.play import run_config
 from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.eval.verdicts import (
@@ -42,6 +41,7 @@ from mage_rl.eval.verdicts import (
     verdicts,
 )
 from mage_rl.fileio import atomic_write_text
+from mage_rl.players.play_settings import run_config
 from mage_rl.provenance import write_results
 from mage_rl.train_folder import checkpoint_name
 

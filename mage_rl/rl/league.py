@@ -4,7 +4,7 @@ Every ``league.every`` iterations the model of the checkpoint just saved is copi
 ``RUN/league/checkpoints/iter_NNNNNN/model`` (beside a copy of the run's ``config.yaml``,
 so the folder reads as a run) and joins the league as the opponent
 ``GAME:llm:RUN/league/checkpoints/iter_NNNNNN/model``: a frozen language-model opponent
-(:mod:`mage_rl.eval.llm_opponent`) that plays as the run's agent plays its first episode. Each training batch then draws its opponents from the
+(:mod:`mage_rl.players.seat_player`) that plays as the run's agent plays its first episode. Each training batch then draws its opponents from the
 config's population with weight ``1 - league.share`` and from the league with weight
 ``league.share``, split among the members:
 
@@ -109,7 +109,7 @@ class League:
 
         The league folder is laid out as a run (``league/config.yaml``, the run's own, and
         ``league/checkpoints/iter_N/model``), so a member plays with the run's prompts,
-        layout and decoding (:func:`~mage_rl.eval.play.trained_config`).
+        layout and decoding (:func:`~mage_rl.players.play_settings.trained_config`).
         """
         root = self.run_dir / "league"
         target = root / "checkpoints" / checkpoint_name(iteration) / "model"

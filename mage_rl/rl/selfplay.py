@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
-from mage_rl.config import RunConfig
+from mage_rl.config import RunConfig, TrainConfig
 from mage_rl.envs import Population
-from mage_rl.envs.llm_opponent import is_self
+from mage_rl.envs.llm_opponent import SelfOpponent, is_self
+from mage_rl.players.seat_player import SeatPlayer
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, group_id
 
 SELF_AGENT = "self"
@@ -83,3 +85,38 @@ def plays_self(cfg: RunConfig) -> bool:
     """Whether the config's population holds ``GAME:self``."""
     population = Population.parse(cfg.env.population, game=cfg.env.name)
     return any(is_self(spec) for spec in population.specs)
+
+
+class SelfPlay:
+    """The current policy as ``GAME:self``: one :class:`SeatPlayer` per (game, seat) on the
+    engine's model, forgotten whenever the weights change.
+
+    Args:
+        cfg: The run's config (its play settings and ``policy.explore``).
+        model: The engine's model (the weights the agent samples from).
+        tokenizer: Its tokenizer.
+    """
+
+    def __init__(self, cfg: TrainConfig, model: Any, tokenizer: Any) -> None:
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.players: dict[tuple[str, int], SeatPlayer] = {}
+
+    def __call__(self, game: str, seat: int) -> SeatPlayer:
+        if (game, seat) not in self.players:
+            self.players[(game, seat)] = SeatPlayer(
+                self.cfg, game, seat, self.model, self.tokenizer, self.cfg.policy.explore
+            )
+        return self.players[(game, seat)]
+
+    def forget(self) -> None:
+        for player in self.players.values():
+            player.forget()
+
+    def install(self) -> None:
+        """Make this the policy every ``GAME:self`` opponent of the process plays."""
+        SelfOpponent.player = self
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install` (the run is over)."""
+        if SelfOpponent.player is self:
+            SelfOpponent.player = None

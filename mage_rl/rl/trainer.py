@@ -40,7 +40,6 @@ import torch
 from mage_rl import runtime
 from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env, resolve_seat
-from mage_rl.eval.llm_opponent import SelfPlay
 from mage_rl.eval.metrics import summarize_records
 from mage_rl.eval.training import eval_tasks, summarize_eval, write_eval
 from mage_rl.eval.training_report import write_training_report
@@ -65,7 +64,7 @@ from mage_rl.rl.phases import (
     RunClock,
 )
 from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
-from mage_rl.rl.selfplay import plays_self, seat_records
+from mage_rl.rl.selfplay import SelfPlay, plays_self, seat_records
 from mage_rl.train_folder import (
     STATE_FILE,
     check_resume_config,

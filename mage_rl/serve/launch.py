@@ -244,7 +244,7 @@ def serve_local(
     name = served_model_name or spec
     trained = None
     if agent:
-        from mage_rl.eval.play import trained_config
+        from mage_rl.players.play_settings import trained_config
 
         run_dir, trained = trained_config(spec)
         if run_dir.name == name:

@@ -13,15 +13,15 @@ from mage_rl.config import TrainConfig, load_config
 from mage_rl.envs import Population, make_env
 from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.envs.opponents import PlaceholderOpponent
-from mage_rl.eval.exploitability import decision_at
 from mage_rl.eval.last_episode import (
     check_config,
     history_tasks,
     last_episode_values,
     past_of,
 )
-from mage_rl.eval.model_reader import ModelReader
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
+from mage_rl.players.decisions import decision_at
+from mage_rl.players.model_reader import ModelReader
 from mage_rl.policy.conversation import ConversationTemplate
 from tests.eval.test_exploitability import STRATEGIES, TableModel
 

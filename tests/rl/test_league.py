@@ -51,7 +51,7 @@ def test_a_league_run_adds_samples_and_restores_its_snapshots(tmp_path: Path) ->
     assert not (run / "league" / "checkpoints" / "iter_000001").exists()
     assert all((Path(m["path"]) / "config.json").is_file() for m in saved)
     # A member plays in the run's own format, read from the league's copy of its config.
-    from mage_rl.eval.played_config import played_config
+    from mage_rl.players.played_config import played_config
 
     member = played_config(saved[0]["path"], None, None, [])
     assert member.meta.prompt == "compact" and member.policy.model == saved[0]["path"]

@@ -157,7 +157,7 @@ def test_mage_eval_of_a_self_play_run_plays_the_rest_of_its_population(trainer) 
     from types import SimpleNamespace
 
     from mage_rl.eval.agents import AgentSpec
-    from mage_rl.eval.play import CONDITION_KEYS, resolve_conditions
+    from mage_rl.players.play_settings import CONDITION_KEYS, resolve_conditions
 
     settings = SimpleNamespace(**dict.fromkeys(CONDITION_KEYS))
     agent = AgentSpec("run", "mage", "tiny", run=str(trainer.run_dir))

@@ -20,9 +20,9 @@ from mage_rl.cli import main
 from mage_rl.envs import make_env
 from mage_rl.envs.base import derive_seed, episode_seed
 from mage_rl.envs.remote import result_message, start_message
-from mage_rl.eval.play import trained_config
 from mage_rl.eval.settings import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.graphs import GraphOptions, build_meta_episode_graph
+from mage_rl.players.play_settings import trained_config
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.models import load_model
 from mage_rl.serve import create_app, serve_in_thread

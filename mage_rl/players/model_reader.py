@@ -8,7 +8,7 @@ that prefix, as the engine prefills a constrained request, and the engine's own
 answer's probability is the product over its branch points; forced tokens have
 probability 1. :meth:`ModelReader.read` keeps the token-level parts
 (:class:`ReadDecision`), from which a language-model opponent draws and records its
-answer (:mod:`mage_rl.eval.llm_opponent`).
+answer (:mod:`mage_rl.players.seat_player`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.eval.exploitability import Decision
+from mage_rl.players.decisions import Decision
 from mage_rl.policy.conversation import ConversationTemplate
 from mage_rl.policy.tokenization import render_prompt
 

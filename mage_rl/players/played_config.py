@@ -1,7 +1,7 @@
 """Which config a model or training run plays with, when it is measured or is an opponent.
 
 ``mage exploitability TARGET`` and the ``GAME:llm:TARGET`` opponents
-(:mod:`mage_rl.eval.llm_opponent`) take a training run, one of its checkpoints or a bare
+(:mod:`mage_rl.players.seat_player`) take a training run, one of its checkpoints or a bare
 model, and need the prompts, layout, decoding and temperature it plays with.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 from mage_rl.config import RunConfig, load_config
 from mage_rl.config_yaml import parse_overrides, set_path
 from mage_rl.envs import canonical_game
-from mage_rl.eval.conditions import GAME_SHORT
-from mage_rl.eval.play import trained_config
+from mage_rl.envs.names import GAME_SHORT
+from mage_rl.players.play_settings import trained_config
 from mage_rl.train_folder import find_run
 
 
@@ -28,7 +28,7 @@ def played_config(
     measures it and a ``GAME:llm:TARGET`` opponent plays it.
 
     A training run (its folder or a checkpoint) plays its own ``config.yaml`` with the
-    checkpoint's weights (:func:`~mage_rl.eval.play.trained_config`). Any other model
+    checkpoint's weights (:func:`~mage_rl.players.play_settings.trained_config`). Any other model
     (``tiny``, ``smollm2``, a folder) plays ``config``'s settings, or without one the
     defaults of ``mage eval`` with constrained decoding on. ``game`` replaces the
     config's game (then the population is the game's training preset); ``overrides``

@@ -7,7 +7,7 @@ episode: the prompt its run's agent sees there (built-in ``play`` node, the run'
 template and layout; a bare model gets ``mage eval``'s defaults), constrained decoding
 over the legal answers, the run's sampling temperature. Under constrained decoding that
 agent plays an exact distribution at each information state, which
-:class:`~mage_rl.eval.model_reader.ModelReader` reads in one scoring pass (the engine's
+:class:`~mage_rl.players.model_reader.ModelReader` reads in one scoring pass (the engine's
 own restricted softmax); the opponent draws its answer from it token by token with its
 own seeded generator, as the engine would, and keeps the call (prompt ids, answer ids,
 log-probs, allowed tokens). So a move costs no generation, a frozen opponent's table is
@@ -15,8 +15,8 @@ read once per information state and shared by every game of the process, and the
 oracles (``mage oracle``, ``mage exploitability``, the training report) get its exact
 ``action_probabilities``.
 
-``GAME:self`` is the same player on the engine's own model (:class:`SelfPlay`, installed
-by the trainer), drawing from the run's exploration mixture; what it read is forgotten
+``GAME:self`` is the same player on the engine's own model
+(:class:`~mage_rl.rl.selfplay.SelfPlay`, installed by the trainer), drawing from the run's exploration mixture; what it read is forgotten
 whenever the weights change.
 
 What it is not (yet): an opponent that remembers earlier episodes of the meta-episode
@@ -38,13 +38,13 @@ import torch
 
 from mage_rl.config import TrainConfig
 from mage_rl.envs import make_env
-from mage_rl.envs.llm_opponent import LLMOpponent, SelfOpponent, resolve_target
+from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
 from mage_rl.envs.opponents import PlaceholderOpponent
-from mage_rl.eval.exploitability import decision_at, read_policy
-from mage_rl.eval.model_reader import ModelReader, ReadDecision
-from mage_rl.eval.played_config import played_config
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
+from mage_rl.players.decisions import decision_at, read_policy
+from mage_rl.players.model_reader import ModelReader, ReadDecision
+from mage_rl.players.played_config import played_config
 from mage_rl.policy.constrained import allowed_next, is_complete, mixture_logprobs
 from mage_rl.policy.models import load_model
 from mage_rl.records import OPPONENT_KIND, Turn
@@ -145,38 +145,3 @@ def _player(target: str, game: str, seat: int) -> SeatPlayer:
 def install() -> None:
     """Give :class:`~mage_rl.envs.llm_opponent.LLMOpponent` its model half."""
     LLMOpponent.player = _player
-
-
-class SelfPlay:
-    """The current policy as ``GAME:self``: one :class:`SeatPlayer` per (game, seat) on the
-    engine's model, forgotten whenever the weights change.
-
-    Args:
-        cfg: The run's config (its play settings and ``policy.explore``).
-        model: The engine's model (the weights the agent samples from).
-        tokenizer: Its tokenizer.
-    """
-
-    def __init__(self, cfg: TrainConfig, model: Any, tokenizer: Any) -> None:
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        self.players: dict[tuple[str, int], SeatPlayer] = {}
-
-    def __call__(self, game: str, seat: int) -> SeatPlayer:
-        if (game, seat) not in self.players:
-            self.players[(game, seat)] = SeatPlayer(
-                self.cfg, game, seat, self.model, self.tokenizer, self.cfg.policy.explore
-            )
-        return self.players[(game, seat)]
-
-    def forget(self) -> None:
-        for player in self.players.values():
-            player.forget()
-
-    def install(self) -> None:
-        """Make this the policy every ``GAME:self`` opponent of the process plays."""
-        SelfOpponent.player = self
-
-    def uninstall(self) -> None:
-        """Undo :meth:`install` (the run is over)."""
-        if SelfOpponent.player is self:
-            SelfOpponent.player = None
