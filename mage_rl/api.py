@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from mage_rl.cluster.backends import trainer_class
+from mage_rl.defaults import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.provenance import mark_start
-from mage_rl.sections.sampling import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 
 if TYPE_CHECKING:
     from mage_rl.config import RunConfig, TrainConfig

@@ -30,12 +30,14 @@ from mage_rl.config_yaml import (
     with_plugins_loaded,
 )
 from mage_rl.policy.models import model_spec_problem
-from mage_rl.sections.advantages import AdvantageConfig
-from mage_rl.sections.evaluation import EvalSection
-from mage_rl.sections.league import LeagueSection
-from mage_rl.sections.learner import LearnerConfig
-from mage_rl.sections.openrlhf import OpenRLHFSection
-from mage_rl.sections.returns import ReturnConfig
+from mage_rl.sections import (
+    AdvantageConfig,
+    EvalSection,
+    LeagueSection,
+    LearnerConfig,
+    OpenRLHFSection,
+    ReturnConfig,
+)
 
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]
 

@@ -24,11 +24,14 @@ from mage_rl.bench.learning import (
     rps_beats_last_shown,
     win_by_episode,
 )
+from mage_rl.config import TrainConfig, load_config
+from mage_rl.config_yaml import read_yaml
 from mage_rl.envs.rps import family_of
 from mage_rl.envs.rps_values import rps_values
 from mage_rl.eval.stats import bounded, mean_interval
 from mage_rl.provenance import write_results
 from mage_rl.rl.advantages import compute_advantages
+from mage_rl.rl.batching import samples_from_records
 
 # -- the diagnosis: which term of the update moves which logit ---------------------------
 
@@ -55,8 +58,6 @@ def _branch_logprobs(model: Any, turns: Sequence[Any], token_ids: Sequence[int])
 
 def _probe_trainer(probe: str, config: str | Path, out: Path, overrides: Sequence[str], seed: int):
     """A trainer of one probe's game with ``config``'s learner settings, no evaluation."""
-    from mage_rl.config import TrainConfig, load_config
-    from mage_rl.config_yaml import read_yaml
     from mage_rl.rl.trainer import Trainer
 
     run_dir = out / f"diagnosis_seed{seed}"
@@ -77,8 +78,6 @@ def _one_update_per_term(
     each. The weights are restored at the end."""
     import copy
     import dataclasses
-
-    from mage_rl.rl.batching import samples_from_records
 
     cfg, learner = trainer.cfg, trainer.learner
     weights = copy.deepcopy(learner.model.state_dict())
@@ -381,7 +380,6 @@ def evaluate_checkpoint(
     and whether the last episode beats the first, intervals apart.
     """
     from mage_rl import runtime
-    from mage_rl.config import TrainConfig, load_config
     from mage_rl.rl.trainer import Trainer
 
     out = Path(out)

@@ -45,7 +45,7 @@ from mage_rl.eval.stats import mean_interval, normal_quantile
 from mage_rl.graphs.rollouts import TaskInstance
 from mage_rl.nodes.core import past_episode
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
-from mage_rl.players.decisions import ActionReader, Past, decision_at, read_policy
+from mage_rl.players.tree_decisions import ActionReader, Past, decision_at, read_policy
 from mage_rl.policy.conversation import ConversationTemplate
 from mage_rl.records import MetaEpisodeRecord
 

@@ -18,7 +18,7 @@ import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from mage_rl.sections.sampling import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
+from mage_rl.defaults import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 
 
 def setting(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.players.decisions import Decision
+from mage_rl.players.tree_decisions import Decision
 from mage_rl.policy.conversation import ConversationTemplate
 from mage_rl.policy.tokenization import render_prompt
 

@@ -42,9 +42,9 @@ from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import OpenSpielEnv
 from mage_rl.envs.opponents import PlaceholderOpponent
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
-from mage_rl.players.decisions import decision_at, read_policy
 from mage_rl.players.model_reader import ModelReader, ReadDecision
 from mage_rl.players.played_config import played_config
+from mage_rl.players.tree_decisions import decision_at, read_policy
 from mage_rl.policy.constrained import allowed_next, is_complete, mixture_logprobs
 from mage_rl.policy.models import load_model
 from mage_rl.records import OPPONENT_KIND, Turn

@@ -47,8 +47,7 @@ import numpy.typing as npt
 
 from mage_rl.records import REFLECTION_ANCHOR, MetaEpisodeRecord, anchor_id, group_id
 from mage_rl.rl.returns import ReturnConfig, compute_sample_targets
-from mage_rl.sections.advantages import NORMS, AdvantageConfig, Grouping, Norm
-from mage_rl.sections.estimators import ESTIMATORS
+from mage_rl.sections import ESTIMATORS, NORMS, AdvantageConfig, Grouping, Norm
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mage_rl.sections.estimators import BUILTIN_ESTIMATORS, ESTIMATORS
+from mage_rl.sections import BUILTIN_ESTIMATORS, ESTIMATORS
 
 
 def register_estimator(name: str, fn: Callable[..., Any], *, replace: bool = False) -> None:

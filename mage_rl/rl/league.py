@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.fileio import atomic_write_json, writing
-from mage_rl.sections.league import LeagueSection
+from mage_rl.sections import LeagueSection
 from mage_rl.train_folder import checkpoint_name
 
 LEAGUE_FILE = "league.json"

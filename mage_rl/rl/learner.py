@@ -72,7 +72,7 @@ from mage_rl.rl.model_setup import (
 )
 from mage_rl.rl.packing import cut_mini_batches, pack_micro_batches
 from mage_rl.rl.prefix_tree import pack_tree_batches
-from mage_rl.sections.learner import LearnerConfig
+from mage_rl.sections import LearnerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mage_rl.sections.learner import KLKind
+from mage_rl.sections import KLKind
 
 KL_CLAMP = 10.0  # OpenRLHF compute_approx_kl clamps every estimator to [-10, 10]
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mage_rl.sections.learner import LOSS_TERMS
+from mage_rl.sections import LOSS_TERMS
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mage_rl.policy.models import DType, cpu_supports_bf16
-from mage_rl.sections.learner import LearnerConfig
+from mage_rl.sections import LearnerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mage_rl.records import TURN_KINDS, MetaEpisodeRecord
-from mage_rl.sections.returns import REWARD_MODES, ReturnConfig, RewardMode
+from mage_rl.sections import REWARD_MODES, ReturnConfig, RewardMode
 
 ArrayLike = npt.ArrayLike
 

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mage_rl.defaults import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 from mage_rl.net import LOOPBACK_HOSTS, free_port
 from mage_rl.policy.vllm_engine import (
     VLLMServer,
@@ -46,7 +47,6 @@ from mage_rl.policy.vllm_engine import (
     vllm_model_dir,
 )
 from mage_rl.policy.vllm_server import find_vllm_python, vllm_server_command
-from mage_rl.sections.sampling import EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from mage_rl.eval.last_episode import (
     past_of,
 )
 from mage_rl.nodes.state import MetaEpisodeContext, graph_options
-from mage_rl.players.decisions import decision_at
 from mage_rl.players.model_reader import ModelReader
+from mage_rl.players.tree_decisions import decision_at
 from mage_rl.policy.conversation import ConversationTemplate
 from tests.eval.test_exploitability import STRATEGIES, TableModel
 

@@ -14,9 +14,9 @@ from mage_rl.envs.llm_opponent import LLMOpponent, resolve_target
 from mage_rl.envs.openspiel_env import decision_states
 from mage_rl.eval.game_oracles import opponent_table
 from mage_rl.nodes.state import graph_options
-from mage_rl.players.decisions import agent_decisions, read_policy
 from mage_rl.players.model_reader import ModelReader
 from mage_rl.players.played_config import played_config
+from mage_rl.players.tree_decisions import agent_decisions, read_policy
 from mage_rl.policy.models import load_model
 
 CONFIGS = Path(__file__).parents[2] / "configs"

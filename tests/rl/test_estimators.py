@@ -12,7 +12,7 @@ from mage_rl.cli import main
 from mage_rl.records import EpisodeResult, MetaEpisodeRecord, Turn
 from mage_rl.rl.advantages import AdvantageConfig, compute_advantages, credit_parts
 from mage_rl.rl.estimators import register_estimator
-from mage_rl.sections.estimators import ESTIMATORS, known_estimators
+from mage_rl.sections import ESTIMATORS, known_estimators
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "extending"
 

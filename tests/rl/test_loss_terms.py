@@ -8,7 +8,7 @@ import torch
 from mage_rl.rl.learner import Learner
 from mage_rl.rl.loss import token_mean
 from mage_rl.rl.loss_terms import LOSS_TERMS, register_loss_term
-from mage_rl.sections.learner import LearnerConfig
+from mage_rl.sections import LearnerConfig
 
 
 @pytest.fixture()
