@@ -1,6 +1,7 @@
 """Fuzz a served agent with hostile environment messages while good clients play.
 
     .venv/bin/python scripts/serve_agent_fuzz.py [--count 1500] [--clients 8] [--workers 4]
+        [--load-nice 10]
 
 Starts a server process (the tiny model behind the built-in MAGE graph with constrained
 decoding, sessions logged in a temporary state directory, and one planted failure of
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import socket
 import subprocess
@@ -67,8 +69,27 @@ def serve(port: int, state_dir: str, prefix_cache_entries: int) -> None:
                      prefix_cache_entries=prefix_cache_entries) as engine:  # fmt: skip
         agent = AgentSessions(graph, lambda **s: runtime.chat_model(engine, **_sampling(s)),
                               name=AGENT, state_dir=Path(state_dir), idle_s=30)  # fmt: skip
-        with serve_in_thread(create_app(engine, "tiny", agent=agent), port=port):
+        app = create_app(engine, "tiny", agent=agent)
+        with serve_in_thread(app, port=port, freeze_loaded=True):  # as `mage serve` runs
+            if os.environ.get("FUZZ_GC_LOG"):
+                _log_collections()
             threading.Event().wait()
+
+
+def _log_collections() -> None:
+    """Write every garbage collection of 20 ms or more to stderr (generation, seconds)."""
+    import gc
+
+    began: list[float] = []
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[:] = [time.perf_counter()]
+        elif began and (spent := time.perf_counter() - began[0]) >= 0.02:
+            print(f"gc gen {info['generation']} {spent:.3f} s at {time.time():.3f}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    gc.callbacks.append(timed)
 
 
 def _sampling(s: dict[str, Any]) -> dict[str, Any]:
@@ -204,6 +225,12 @@ def main() -> None:
         help="the engine's prefix cache (its memory grows with it, by design, until full)",
     )  # fmt: skip
     parser.add_argument("--server-log", default=None, help="the server's stderr goes here")
+    parser.add_argument(
+        "--load-nice", type=int, default=0,
+        help="niceness of the clients and hostile workers (this process, once the server "
+        "and the /health prober run): 10 stands in for clients on other machines, so that "
+        "/health measures the server's own stalls rather than two cores shared with its load",
+    )  # fmt: skip
     parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -241,6 +268,8 @@ def main() -> None:
         done, receive = multiprocessing.Event(), multiprocessing.Queue()
         prober = multiprocessing.Process(target=probe, args=(root, done, receive))
         prober.start()
+        if args.load_nice:
+            os.nice(args.load_nice)
         good: dict[str, Any] = {"meta_episodes": 0, "failures": 0}
         threads = [threading.Thread(target=sample)]
         threads += [threading.Thread(target=good_client, args=(url, stop, good))
@@ -261,7 +290,7 @@ def main() -> None:
         warm = rss[min(len(rss) - 1, 60)]  # after the first minute: caches and arenas warm
         print(json.dumps({
             "hostile": args.count, "seconds": round(time.time() - started),
-            "prefix_cache_entries": args.prefix_cache_entries,
+            "prefix_cache_entries": args.prefix_cache_entries, "load_nice": args.load_nice,
             "statuses": dict(fuzz.statuses), "unexpected_5xx": fuzz.unexpected[:20],
             "good_clients": good,
             "health": {"n": len(ordered), "p50_ms": round(1000 * ordered[len(ordered) // 2], 1),

@@ -4,6 +4,7 @@ cancellation of requests whose client went away."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
@@ -15,7 +16,9 @@ import httpx
 import pytest
 
 from mage_rl.policy.engine import LocalEngine
+from mage_rl.policy.tiny import build_tiny
 from mage_rl.serve import create_app, serve_in_thread
+from mage_rl.serve.launch import freeze_loaded_objects
 from mage_rl.serve.limits import DEFAULT_MAX_BODY_BYTES
 
 from .conftest import MODEL, Server
@@ -164,3 +167,21 @@ def test_a_client_that_gives_up_stops_its_decoding(counted, stream: bool) -> Non
     assert engine.stats.steps - start_steps < 1500
     good = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     assert httpx.post(f"{counted.url}/chat/completions", json=good, timeout=30).status_code == 200
+
+
+def test_a_serving_process_freezes_what_it_loaded() -> None:
+    """``mage serve`` puts the model, tokenizer and graph out of the collector's reach, so
+    a full collection, which stops the event loop, traverses only what requests made."""
+    before = gc.get_freeze_count()
+    try:
+        freeze_loaded_objects()
+        assert gc.get_freeze_count() > before
+        gc.unfreeze()
+        engine_model, tokenizer = build_tiny(seed=0)
+        with LocalEngine(engine_model, tokenizer) as engine:
+            with serve_in_thread(create_app(engine, "tiny")):
+                assert gc.get_freeze_count() == 0  # a library caller's process is left alone
+            with serve_in_thread(create_app(engine, "tiny"), freeze_loaded=True):
+                assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
