@@ -109,7 +109,8 @@ class EvalConfig(EvalSettings):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def agent_config(self, agent: AgentSpec, env: str) -> RunConfig:
-        """The run config ``agent`` plays ``env`` from (:func:`~mage_rl.players.play_settings.agent_config`)."""
+        """The run config ``agent`` plays ``env`` from
+        (:func:`~mage_rl.players.play_settings.agent_config`)."""
         population = opponent_population(str(self.opponents), env)
         text = population_text(population.specs, [float(w) for w in population.weights])
         return agent_config(agent, env, self, text)

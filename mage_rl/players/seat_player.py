@@ -16,8 +16,8 @@ oracles (``mage oracle``, ``mage exploitability``, the training report) get its 
 ``action_probabilities``.
 
 ``GAME:self`` is the same player on the engine's own model
-(:class:`~mage_rl.rl.selfplay.SelfPlay`, installed by the trainer), drawing from the run's exploration mixture; what it read is forgotten
-whenever the weights change.
+(:class:`~mage_rl.rl.selfplay.SelfPlay`, installed by the trainer), drawing from the
+run's exploration mixture; what it read is forgotten whenever the weights change.
 
 What it is not (yet): an opponent that remembers earlier episodes of the meta-episode
 (every hand is its first).
