@@ -57,6 +57,7 @@ from mage_rl.serve.limits import (
     Guard,
     check_api_key,
     parse_json,
+    release_frames,
 )
 from mage_rl.serve.protocol import (
     MAX_MESSAGES,
@@ -233,6 +234,7 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, error: APIError) -> JSONResponse:
+        release_frames(error)  # what the failed request built goes now, not at a full GC
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(StarletteHTTPException)

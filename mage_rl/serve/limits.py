@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -110,6 +111,7 @@ class Guard:
             self._check_length(headers.get("content-length"))
             await self.app(scope, self._limited(receive, body_bytes), tracked_send)
         except APIError as error:
+            release_frames(error)
             if not started:
                 await send_error(send, error)
         except asyncio.CancelledError:  # the drain limit of a shutdown ran out
@@ -122,8 +124,9 @@ class Guard:
                 raise  # a plain response half sent: only dropping the connection is left
             # Answered: the request ends here, without uvicorn's traceback of the cancel.
             logger.warning("%s %s cut at the drain limit", scope.get("method"), scope["path"])
-        except Exception:  # the last line of defence: log it, answer 500, keep serving
+        except Exception as error:  # the last line of defence: log it, answer 500, keep serving
             logger.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
+            release_frames(error)
             if not started:
                 error = APIError(500, "internal server error (see the server log)", "server_error")
                 await send_error(send, error)
@@ -209,15 +212,19 @@ def check_api_key(key: str, source: str = "the API key") -> str:
     return key
 
 
-RELEASE_AFTER_BYTES = 1 << 20
-"""A request with a body this large has its memory handed back to the system after it."""
+RELEASE_AFTER_BYTES = 128 << 10
+"""A request with a body this large has its memory handed back to the system after it.
+
+Far above an ordinary agent or chat message (a few KB), and low enough to catch the
+requests whose parsing and tokenizing allocate tens of MB: 1,000 legal actions of 1,000
+characters are a body just under 1 MiB and about 12 MB of freed memory each."""
 
 
 class _Releaser:
     """Hands the memory that large requests freed back to the operating system.
 
-    A request of a few MB allocates several copies of its body (bytes, parsed JSON, the
-    rendered prompt) on whichever worker thread ran it. glibc keeps what is freed in that
+    A large request allocates several copies of its body (bytes, parsed JSON, the
+    rendered prompt, its tokens) on whichever worker thread ran it. glibc keeps what is freed in that
     thread's arena for reuse, so a server that refused a few dozen near-limit prompts
     kept 100 MB or more of resident memory it no longer used. ``malloc_trim(0)`` returns
     the free pages; it runs on a worker thread, at most once per burst of large requests.
@@ -237,6 +244,26 @@ class _Releaser:
     def _run(self) -> None:
         self._scheduled = False
         asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+
+
+def release_frames(error: BaseException) -> None:
+    """Drop the local variables of the finished frames that an answered error still holds.
+
+    A failed request's traceback keeps every frame it passed through, and with them what
+    those frames built: the 1,000 token lists of a message whose choices cannot fit, about
+    12 MB. The exception, its frames and the event loop's tasks form reference cycles, so
+    without this the memory stays until the next full garbage collection, which a serving
+    process with frozen objects seldom runs. Frames still executing are left as they are;
+    line numbers stay, so a traceback logged later still reads the same.
+    """
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
