@@ -418,8 +418,8 @@ class Learner(LearnerCheckpoints):
             ``fed_tokens`` (what the model computed for them in every pass, the rescoring
             pass included: padded rows, or the nodes of prefix trees), ``entropy_free`` (the mean
             entropy of the positions where more than one token was allowed; ``entropy``
-            without constrained decoding) and ``entropy_coef`` (the entropy bonus's weight
-            during this update).
+            without constrained decoding), ``lr``, and ``term/<name>`` for each registered
+            loss term.
         """
         self._check_not_released()
         if old_logprobs not in ("recorded", "rescored"):
@@ -454,16 +454,8 @@ class Learner(LearnerCheckpoints):
                 if refresh is not None:
                     for i, logprobs in zip(group, refreshed, strict=True):
                         items[i] = items[i].with_old_logprobs(logprobs)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-                if math.isfinite(grad_norm):
-                    self._set_lr()
-                    self.optimizer.step()
-                    self.step += 1
-                    result["steps"] += 1
-                else:
-                    logger.warning("non-finite gradient norm %s; optimizer step skipped", grad_norm)
-                    result["skipped_steps"] += 1
-                self.optimizer.zero_grad(set_to_none=True)
+                grad_norm = self._optimizer_step(max_norm)
+                result["steps" if math.isfinite(grad_norm) else "skipped_steps"] += 1
                 grad_norms.append(grad_norm)
                 for name in (*keys, "free_frac", *(f"term/{t}" for t in cfg.loss_terms)):
                     weighted[name] += stats.get(name, 0.0) * n_tokens
@@ -483,6 +475,19 @@ class Learner(LearnerCheckpoints):
         result["sample_tokens"] = float(seen_tokens)
         result["fed_tokens"] = float(self.fed_tokens - fed_before)
         return result
+
+    def _optimizer_step(self, max_norm: float) -> float:
+        """Clip the accumulated gradient and step, unless its norm is not finite; clear
+        the gradient either way. Returns the norm before clipping."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if math.isfinite(grad_norm):
+            self._set_lr()
+            self.optimizer.step()
+            self.step += 1
+        else:
+            logger.warning("non-finite gradient norm %s; optimizer step skipped", grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def release_training_state(self) -> None:
         """Free what only later updates need (AdamW's moments, gradients), at the end of

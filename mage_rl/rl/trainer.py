@@ -102,6 +102,58 @@ def check_tasks(cfg: TrainConfig) -> None:
         env.reset(task.seed)
 
 
+class TrainingBars:
+    """The progress display of a run: iterations, and the meta-episodes of the phase in
+    progress (an iteration's rollouts or an evaluation's tasks).
+
+    Args:
+        show: Draw on the terminal; otherwise every call does nothing visible.
+        iterations: ``train.iterations``.
+        per_iteration: Meta-episodes an iteration plays.
+        done: Iterations already done (a resumed run).
+        eval_tasks: The number of evaluation tasks, asked when an evaluation starts.
+    """
+
+    def __init__(self, show: bool, iterations: int, per_iteration: int, done: int,
+                 eval_tasks: Any) -> None:  # fmt: skip
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), disable=not show,
+        )  # fmt: skip
+        self.per_iteration = per_iteration
+        self._eval_tasks = eval_tasks
+        self._iterations = self.progress.add_task(
+            "iterations", total=iterations, completed=done, info=""
+        )
+        self._episodes = self.progress.add_task("meta-episodes", total=per_iteration, info="")
+
+    def __enter__(self) -> TrainingBars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def meta_episodes(self) -> None:
+        """An iteration's rollouts begin."""
+        self.progress.reset(self._episodes, total=self.per_iteration, description="meta-episodes")
+
+    def advance(self, _record: Any = None) -> None:
+        """One meta-episode is done (an ``on_done`` callback)."""
+        self.progress.advance(self._episodes)
+
+    def evaluation(self, label: str, tasks: int | None = None) -> Any:
+        """An evaluation of ``label`` begins; returns its ``on_done`` callback."""
+        total = self._eval_tasks() if tasks is None else tasks
+        self.progress.reset(self._episodes, total=total, description=f"eval: {label}")
+        return self.advance
+
+    def iteration_done(self, info: str) -> None:
+        self.progress.update(self._iterations, advance=1, info=info)
+
+
 class Trainer:
     """Runs MAGE training for one config.
 
@@ -307,120 +359,141 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Train until ``train.iterations``; returns paths and the last evaluation."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        """Train until ``train.iterations``; returns paths and the last evaluation.
 
+        The untrained graph and the baselines are evaluated before the first iteration,
+        each iteration is one :meth:`step`, and the trained graph is evaluated after the
+        last (unless an evaluation during training already fell on it). Ctrl-C saves the
+        iteration reached; the engine and the metrics are closed whatever happens.
+        """
         cfg = self.cfg
-        total = cfg.train.iterations
-        per_iter = cfg.rollout.tasks * cfg.rollout.group_size
-        last_saved = self.start_iteration
-        last_eval = self._logged_final_eval()
-        final_logged = last_eval is not None
+        self.last_saved = self.start_iteration
+        self.last_eval = self._logged_final_eval()
+        evaluated_after = self.last_eval is not None
         finished = False
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            disable=not self.show_progress,
-        )
+        bars = TrainingBars(
+            self.show_progress, cfg.train.iterations, cfg.rollout.tasks * cfg.rollout.group_size,
+            self.start_iteration, lambda: len(self.eval_design[0]),
+        )  # fmt: skip
         try:
             # Iterations after the checkpoint are played again, their samples with them.
             with writing(self.run_dir / SAMPLES_DIR):
                 prune_samples(self.run_dir, self.start_iteration, self._started)
-            with progress:
-                it_bar = progress.add_task(
-                    "iterations", total=total, completed=self.start_iteration, info=""
-                )
-                ep_bar = progress.add_task("meta-episodes", total=per_iter, info="")
-
-                def eval_bar(label: str, total_tasks: int | None = None) -> Any:
-                    if total_tasks is None:
-                        total_tasks = len(self.eval_design[0])
-                    progress.reset(ep_bar, total=total_tasks, description=f"eval: {label}")
-                    return lambda _r: progress.advance(ep_bar)
-
+            with bars:
                 if self.start_iteration == 0 and cfg.eval.tasks:
-                    evaluate_baselines(self, eval_bar, self.clock)
-                for iteration in range(self.start_iteration, total):
-                    progress.reset(ep_bar, total=per_iter, description="meta-episodes")
-                    t0 = time.perf_counter()
-                    records = self.rollout(iteration, on_done=lambda _r: progress.advance(ep_bar))
-                    t1 = time.perf_counter()
-                    stats = self.learn(records)
-                    t2 = time.perf_counter()
-                    self.clock.add(ROLLOUTS, t1 - t0)
-                    self.clock.add(LEARNER, t2 - t1)
-                    self.iteration = iteration + 1
-                    scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
-                    if samples_due(self.iteration, total, cfg.train.save_samples):
-                        with self.clock.phase(SAVING):
-                            self.save_samples(self.iteration)
-                    if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
-                        with self.clock.phase(EVAL_DURING):
-                            last_eval = self.evaluate(self.iteration, eval_bar("trained"))
-                        scalars.update(flatten_summary(last_eval, "eval"))
-                    scalars["perf/elapsed_s"] = self.clock.elapsed()
-                    # Logged before the save: a kill in between resumes from the checkpoint
-                    # before, which cuts this line and logs the iteration again, once.
-                    with self.clock.phase(SAVING):
-                        self.log(self.iteration, scalars)
-                        if self.iteration % cfg.train.save_every == 0 or self.iteration == total:
-                            self.save(self.iteration)
-                            last_saved = self.iteration
-                    if self.league is not None:
-                        self.league.record(records)
-                        if self.iteration % cfg.league.every == 0 and self.iteration < total:
-                            if last_saved != self.iteration:
-                                self.save(self.iteration)
-                                last_saved = self.iteration
-                            model = self.run_dir / "checkpoints" / checkpoint_name(self.iteration)
-                            self.league.add(self.iteration, model / "model")
-                    info = (
-                        f"success {scalars['charts/success@1']:.2f}→"
-                        f"{scalars[f'charts/success@{cfg.meta.episodes}']:.2f} "
-                        f"loss {stats['loss']:+.3f}"
-                    )
-                    progress.update(it_bar, advance=1, info=info)
-                    ev = scalars.get(f"charts/ev@{cfg.meta.episodes}")
-                    figures = info + ("" if ev is None else f" ev@{cfg.meta.episodes} {ev:+.2f}")
-                    self.clock.iteration_done(self.iteration, t1 - t0, t2 - t1,
-                                              time.perf_counter() - t0, figures)  # fmt: skip
-                    self.save_phases()
-                if (
-                    cfg.eval.tasks
-                    and not final_logged
-                    and (last_eval is None or cfg.eval.every == 0 or total % cfg.eval.every)
-                ):
-                    self._release_learner(last_saved)
+                    evaluate_baselines(self, bars.evaluation, self.clock)
+                for iteration in range(self.start_iteration, cfg.train.iterations):
+                    self.step(iteration, bars)
+                if not evaluated_after and self._evaluation_after_due():
+                    self._release_learner(self.last_saved)
                     with self.clock.phase(EVAL_AFTER):
-                        last_eval = self.evaluate(self.iteration, eval_bar("trained"))
-                        self.log(self.iteration, flatten_summary(last_eval, "eval"))
+                        self.last_eval = self.evaluate(self.iteration, bars.evaluation("trained"))
+                        self.log(self.iteration, flatten_summary(self.last_eval, "eval"))
             finished = True
         except KeyboardInterrupt:
-            if self.iteration > last_saved:
+            if self.iteration > self.last_saved:
                 logger.warning("interrupted: saving iteration %d before exiting", self.iteration)
                 self.save(self.iteration)
             self.save_phases()
             raise
         finally:
-            self.engine.close()
-            if self.self_play is not None:
-                self.self_play.uninstall()
-            try:
-                with writing(self.run_dir / "metrics.jsonl"):
-                    self.metrics.close()
-            except Exception as exc:
-                if finished:
-                    raise
-                # A full disk fails the last flush too; the error that stopped the run counts.
-                logger.warning("closing the metrics after a failure failed too: %s", exc)
+            self._close(finished)
+        return self._finish()
+
+    def step(self, iteration: int, bars: TrainingBars) -> None:
+        """One iteration: rollouts, the update, the batch's samples, an evaluation when
+        due, the metrics line, the checkpoint when due, and the league's turn."""
+        cfg = self.cfg
+        bars.meta_episodes()
+        t0 = time.perf_counter()
+        records = self.rollout(iteration, on_done=bars.advance)
+        t1 = time.perf_counter()
+        stats = self.learn(records)
+        t2 = time.perf_counter()
+        self.clock.add(ROLLOUTS, t1 - t0)
+        self.clock.add(LEARNER, t2 - t1)
+        self.iteration = iteration + 1
+        scalars = self._scalars(records, stats, t1 - t0, t2 - t1)
+        if samples_due(self.iteration, cfg.train.iterations, cfg.train.save_samples):
+            with self.clock.phase(SAVING):
+                self.save_samples(self.iteration)
+        if cfg.eval.tasks and cfg.eval.every and self.iteration % cfg.eval.every == 0:
+            with self.clock.phase(EVAL_DURING):
+                self.last_eval = self.evaluate(self.iteration, bars.evaluation("trained"))
+            scalars.update(flatten_summary(self.last_eval, "eval"))
+        scalars["perf/elapsed_s"] = self.clock.elapsed()
+        # Logged before the save: a kill in between resumes from the checkpoint before,
+        # which cuts this line and logs the iteration again, once.
+        with self.clock.phase(SAVING):
+            self.log(self.iteration, scalars)
+            if self.iteration % cfg.train.save_every == 0 or self.iteration == cfg.train.iterations:
+                self._checkpoint()
+        if self.league is not None:
+            self._league_turn(records)
+        episodes = cfg.meta.episodes
+        info = (
+            f"success {scalars['charts/success@1']:.2f}→"
+            f"{scalars[f'charts/success@{episodes}']:.2f} loss {stats['loss']:+.3f}"
+        )
+        bars.iteration_done(info)
+        ev = scalars.get(f"charts/ev@{episodes}")
+        figures = info + ("" if ev is None else f" ev@{episodes} {ev:+.2f}")
+        self.clock.iteration_done(self.iteration, t1 - t0, t2 - t1,
+                                  time.perf_counter() - t0, figures)  # fmt: skip
+        self.save_phases()
+
+    def _checkpoint(self) -> None:
+        """Save the iteration reached, once."""
+        if self.last_saved != self.iteration:
+            self.save(self.iteration)
+            self.last_saved = self.iteration
+
+    def _league_turn(self, records: list[MetaEpisodeRecord]) -> None:
+        """Record the batch's games; every ``league.every`` iterations (the last one
+        excepted) the checkpoint reached joins the league."""
+        assert self.league is not None
+        self.league.record(records)
+        if (
+            self.iteration % self.cfg.league.every == 0
+            and self.iteration < self.cfg.train.iterations
+        ):
+            self._checkpoint()
+            model = self.run_dir / "checkpoints" / checkpoint_name(self.iteration)
+            self.league.add(self.iteration, model / "model")
+
+    def _evaluation_after_due(self) -> bool:
+        """Whether the trained graph still needs its evaluation after the last iteration:
+        evaluation is on and no evaluation during training fell on that iteration."""
+        cfg = self.cfg
+        return bool(cfg.eval.tasks) and (
+            self.last_eval is None
+            or cfg.eval.every == 0
+            or bool(cfg.train.iterations % cfg.eval.every)
+        )
+
+    def _close(self, finished: bool) -> None:
+        """Close the engine, self-play's seat and the metrics, after success or failure."""
+        self.engine.close()
+        if self.self_play is not None:
+            self.self_play.uninstall()
+        try:
+            with writing(self.run_dir / "metrics.jsonl"):
+                self.metrics.close()
+        except Exception as exc:
+            if finished:
+                raise
+            # A full disk fails the last flush too; the error that stopped the run counts.
+            logger.warning("closing the metrics after a failure failed too: %s", exc)
+
+    def _finish(self) -> dict[str, Any]:
+        """Write the report (when the run was evaluated) and the phase table; return the
+        run's paths and its last evaluation."""
         checkpoint = latest_checkpoint(self.run_dir)
-        written = {}
-        if last_eval is not None:
+        written: dict[str, Any] = {}
+        if self.last_eval is not None:
             with writing(self.run_dir), self.clock.phase(REPORT):
                 written = write_training_report(
-                    self.run_dir, cfg, self.iteration, self._started, self.clock
+                    self.run_dir, self.cfg, self.iteration, self._started, self.clock
                 )
         self.clock.log_table()
         self.save_phases()
@@ -432,7 +505,7 @@ class Trainer:
             "report": written.get("report"),
             "plot": written.get("plot"),
             "verdict": written.get("verdict", []),
-            "eval": last_eval,
+            "eval": self.last_eval,
         }
 
     def _release_learner(self, last_saved: int) -> None:

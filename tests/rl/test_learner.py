@@ -285,6 +285,20 @@ def test_learning_rate_warms_up_linearly_and_resumes_on_schedule(tmp_path: Path)
         fp32(lr_warmup_steps=-1)
 
 
+def test_lora_keeps_a_frozen_base_in_the_forward_dtype() -> None:
+    """With bf16 autocast the frozen base is held in bf16 (half the memory, no cast per
+    pass) while the trained adapters stay float32; in fp32 everything is float32."""
+    bf16 = Learner(make_model(), LearnerConfig(dtype="bf16", lora=True, lora_r=4))
+    for name, param in bf16.model.named_parameters():
+        wanted = torch.float32 if param.requires_grad else torch.bfloat16
+        assert param.dtype == wanted, name
+    assert any(p.requires_grad for p in bf16.model.parameters())
+    stats = bf16.update(on_policy_samples(bf16, [1.0, -1.0] * 4), old_logprobs="rescored")
+    assert stats["steps"] >= 1 and math.isfinite(stats["loss"])
+    plain = Learner(make_model(), fp32(lora=True, lora_r=4))
+    assert all(p.dtype == torch.float32 for p in plain.model.parameters())
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_save_load_restores_model_optimizer_and_rng(tmp_path: Path, lora: bool) -> None:
     config = fp32(lr=1e-2, mini_batch_size=3, lora=lora, lora_r=4)
