@@ -15,7 +15,9 @@ A run of ``mage train`` spends its time in a few phases:
 iteration's rollout and learner seconds, a figure or two, the time elapsed and an
 estimate of the time left) and the phase table at the end, and keeps the table in the
 run folder (``phases.json``) after every iteration, so that a run stopped midway keeps
-what it measured. The report (``report.md``, ``report.json``) shows the same table.
+what it measured. The report (``report.md``, ``report.json``) shows the same table. The process's resident
+memory goes with it: now, in each iteration's line, and at its peak, in the table and in
+``phases.json`` (``peak_rss_mb``, per session).
 
 A resumed run adds its session to those before it, and its table sums them: it answers
 what the run cost and where that time went, and the iterations played again after a
@@ -28,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +75,22 @@ def process_start_time() -> float | None:
         return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory now, in MiB (``/proc``; ``None`` where absent)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_resident_mb() -> float:
+    """This process's peak resident memory so far, in MiB (``getrusage``; kilobytes on
+    Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def clock_text(seconds: float) -> str:
@@ -150,10 +170,12 @@ class RunClock:
         self.iteration = iteration
         self.iteration_seconds.append(seconds)
         left = self.estimate_left(iteration)
+        now = resident_mb()
+        memory = "" if now is None else f", memory {now / 1024:.2f} GB"
         line = (
             f"iteration {iteration}/{self.iterations}: rollouts {rollout_s:.1f} s, learner "
             f"{learn_s:.1f} s, {figures}; elapsed {clock_text(self.elapsed())}, "
-            f"about {clock_text(left)} left"
+            f"about {clock_text(left)} left{memory}"
         )
         logger.info("%s", line)
         return line
@@ -183,6 +205,7 @@ class RunClock:
             "wall_s": round(self.elapsed(), 3),
             "seconds": {k: round(v, 3) for k, v in seconds.items()},
             "notes": dict(self.notes),
+            "peak_rss_mb": round(peak_resident_mb(), 1),
         }
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -212,7 +235,9 @@ class RunClock:
         rows.append({"phase": OTHER, "seconds": round(max(0.0, other), 1), "note": ""})
         for row in rows:
             row["share"] = round(row["seconds"] / wall, 4) if wall > 0 else 0.0
-        return {"wall_s": round(wall, 1), "rows": rows, "sessions": sessions}
+        peaks = [s["peak_rss_mb"] for s in sessions if s.get("peak_rss_mb")]
+        return {"wall_s": round(wall, 1), "rows": rows, "sessions": sessions,
+                "peak_rss_mb": max(peaks) if peaks else None}  # fmt: skip
 
     def markdown(self) -> list[str]:
         """The phase table as markdown lines, with a line on the sessions it sums."""
@@ -222,6 +247,8 @@ class RunClock:
             name = r["phase"] + (f" ({r['note']})" if r["note"] else "")
             lines.append(f"| {name} | {r['seconds']:.1f} | {100 * r['share']:.1f} % |")
         lines.append(f"| total | {summary['wall_s']:.1f} | 100 % |")
+        if summary["peak_rss_mb"]:
+            lines += ["", f"Peak resident memory: {summary['peak_rss_mb'] / 1024:.2f} GB."]
         sessions = summary["sessions"]
         if len(sessions) > 1:
             resumed = ", ".join(
@@ -243,3 +270,5 @@ class RunClock:
             logger.info(
                 "  %-38s %8.1f s %5.1f %%", r["phase"] + note, r["seconds"], 100 * r["share"]
             )
+        if summary["peak_rss_mb"]:
+            logger.info("peak resident memory: %.2f GB", summary["peak_rss_mb"] / 1024)

@@ -62,6 +62,7 @@ from mage_rl.rl.phases import (
     SAVING,
     SETUP,
     RunClock,
+    resident_mb,
 )
 from mage_rl.rl.samples import SAMPLES_DIR, prune_samples, sample_path, samples_due, write_samples
 from mage_rl.rl.selfplay import SelfPlay, plays_self, seat_records
@@ -422,6 +423,9 @@ class Trainer:
                 self.last_eval = self.evaluate(self.iteration, bars.evaluation("trained"))
             scalars.update(flatten_summary(self.last_eval, "eval"))
         scalars["perf/elapsed_s"] = self.clock.elapsed()
+        rss = resident_mb()
+        if rss is not None:
+            scalars["perf/rss_mb"] = rss
         # Logged before the save: a kill in between resumes from the checkpoint before,
         # which cuts this line and logs the iteration again, once.
         with self.clock.phase(SAVING):
