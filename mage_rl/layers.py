@@ -10,7 +10,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("mage_rl.registry", "mage_rl.fileio", "mage_rl.cache", "mage_rl.net",
               "mage_rl.console", "mage_rl.records", "mage_rl.provenance", "mage_rl.plugins",
               "mage_rl.config_yaml", "mage_rl.train_folder", "mage_rl.layers",
-              "mage_rl.defaults")),
+              "mage_rl.defaults", "mage_rl.memory")),
     ("games and opponents", ("mage_rl.envs",)),
     ("engines and models", ("mage_rl.policy",)),
     ("agents and the play loop", ("mage_rl.nodes", "mage_rl.graphs")),

@@ -457,7 +457,7 @@ def collate_tree(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBat
     :func:`collate`'s rows.
     """
     rows = [_row(s) for s in samples]
-    tree = build_prefix_tree([r.input_ids for r in rows])
+    tree = build_prefix_tree([r.input_ids for r in rows]).padded(pad_id=pad_id)
     padded = collate(samples, pad_id)  # the trained-token tensors, (B, R)
     positions = torch.zeros_like(padded.positions)
     for b, row in enumerate(rows):

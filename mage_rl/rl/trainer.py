@@ -44,6 +44,7 @@ from mage_rl.eval.metrics import summarize_records
 from mage_rl.eval.training import eval_tasks, summarize_eval, write_eval
 from mage_rl.eval.training_report import write_training_report
 from mage_rl.fileio import atomic_write_json, writing
+from mage_rl.memory import release_free_memory
 from mage_rl.policy.models import load_model
 from mage_rl.records import MetaEpisodeRecord
 from mage_rl.rl.advantages import CallCredit, credit_parts
@@ -408,8 +409,10 @@ class Trainer:
         bars.meta_episodes()
         t0 = time.perf_counter()
         records = self.rollout(iteration, on_done=bars.advance)
+        release_free_memory()  # what the engine freed, before the learner allocates
         t1 = time.perf_counter()
         stats = self.learn(records)
+        release_free_memory()  # the update's activations and gradients
         t2 = time.perf_counter()
         self.clock.add(ROLLOUTS, t1 - t0)
         self.clock.add(LEARNER, t2 - t1)

@@ -24,7 +24,6 @@ surrogates (``"\\ud800"`` is valid JSON but not encodable text, so the tokenizer
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hmac
 import json
 import logging
@@ -33,6 +32,7 @@ import traceback
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from mage_rl.memory import can_release, release_free_memory
 from mage_rl.serve.protocol import APIError
 
 logger = logging.getLogger(__name__)
@@ -232,18 +232,17 @@ class _Releaser:
     """
 
     def __init__(self) -> None:
-        self._trim = _malloc_trim()
         self._scheduled = False
 
     def soon(self, delay_s: float = 0.05) -> None:
-        if self._trim is None or self._scheduled:
+        if not can_release() or self._scheduled:
             return
         self._scheduled = True
         asyncio.get_running_loop().call_later(delay_s, self._run)
 
     def _run(self) -> None:
         self._scheduled = False
-        asyncio.get_running_loop().run_in_executor(None, self._trim, 0)
+        asyncio.get_running_loop().run_in_executor(None, release_free_memory)
 
 
 def release_frames(error: BaseException) -> None:
@@ -264,16 +263,6 @@ def release_frames(error: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         pending += [current.__cause__, current.__context__]
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim  # type: ignore[no-any-return]
 
 
 _RELEASER = _Releaser()

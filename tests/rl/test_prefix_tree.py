@@ -40,6 +40,17 @@ def test_each_node_attends_to_its_ancestors_and_itself_only() -> None:
         assert set(torch.nonzero(mask[i]).flatten().tolist()) == ancestors[i]
 
 
+def test_pad_nodes_see_only_themselves_and_nothing_sees_them() -> None:
+    tree = build_prefix_tree(SEQUENCES)
+    padded = tree.padded(multiple=8, pad_id=0)
+    assert padded.size == 16 and padded.paths == tree.paths
+    mask = padded.attention_mask()[0, 0]
+    assert torch.equal(mask[: tree.size, : tree.size], tree.attention_mask()[0, 0])
+    assert not mask[: tree.size, tree.size :].any()  # no real node attends to a pad
+    assert torch.equal(mask[tree.size :, :], torch.eye(16, dtype=torch.bool)[tree.size :])
+    assert padded.padded(multiple=8) is padded  # already a multiple
+
+
 def test_trees_are_packed_under_the_node_budget() -> None:
     sequences = [p + r for p, r in random_pairs(30, seed=4)] + [[1, 2, 3]] * 5 + [[9] * 40]
     for budget in (8, 20, 64, 10_000):
