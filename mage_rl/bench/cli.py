@@ -34,6 +34,7 @@ BENCHMARKS = (
     "rollout",
     "learner",
     "learner-batch",
+    "memory",
     "serve",
     "vllm",
     "textenvs",
@@ -246,6 +247,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.set_defaults(
         func=_throughput("learner_batch", "config", "batches", "repeats", sets=lambda a: a.set)
+    )
+
+    p = benches.add_parser(
+        "memory",
+        help="a training config's memory per phase: RSS, in use, kept free, the peak",
+        description="Builds CONFIG's trainer and plays ITERATIONS iterations; after set-up "
+        "and each phase reports the resident memory, glibc's memory in use and kept free, "
+        "and the highest RSS during the phase.",
+    )
+    p.add_argument("config", help="a training config file, say configs/rps_smollm2.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, as mage train --set")  # fmt: skip
+    p.add_argument("--iterations", type=int, default=4, help="iterations to play")
+    p.add_argument("--keep-free", dest="release", action="store_false",
+                   help="keep the allocator's free memory (as before training handed it back)")  # fmt: skip
+    _add_common(p)
+    p.set_defaults(
+        func=_throughput("memory", "config", "iterations", "release", sets=lambda a: a.set)
     )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")

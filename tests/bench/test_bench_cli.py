@@ -70,11 +70,15 @@ DEFAULTS = {
     "learner-batch": dict(
         config="configs/x.yaml", set=[], batches=1, repeats=2, json=None, threads=None
     ),
+    "memory": dict(
+        config="configs/x.yaml", set=[], iterations=4, release=True, json=None, threads=None
+    ),
     "view": dict(run="runs/x", meta_episodes=10_000, rounds=3, json=None, threads=None),
 }  # fmt: skip
 REQUIRED = {
     "view": ["runs/x"],
     "learner-batch": ["configs/x.yaml"],
+    "memory": ["configs/x.yaml"],
 }  # positional arguments a benchmark cannot do without
 
 
