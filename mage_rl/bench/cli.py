@@ -260,11 +260,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, as mage train --set")  # fmt: skip
     p.add_argument("--iterations", type=int, default=4, help="iterations to play")
-    p.add_argument("--keep-free", dest="release", action="store_false",
-                   help="keep the allocator's free memory (as before training handed it back)")  # fmt: skip
+    p.add_argument(
+        "--keep-free",
+        dest="release",
+        action="store_false",
+        help="keep the allocator's free memory (as before training handed it back)",
+    )
+    p.add_argument("--tree-pad", type=int, default=None, metavar="N",
+                   help="pad prefix trees to a multiple of N nodes (1: unpadded, as before)")  # fmt: skip
     _add_common(p)
     p.set_defaults(
-        func=_throughput("memory", "config", "iterations", "release", sets=lambda a: a.set)
+        func=_throughput(
+            "memory", "config", "iterations", "release", "tree_pad", sets=lambda a: a.set
+        )
     )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")

@@ -75,7 +75,11 @@ class _Peak:
 
 
 def bench_memory(
-    config: str, sets: Sequence[str] = (), iterations: int = 4, release: bool = True
+    config: str,
+    sets: Sequence[str] = (),
+    iterations: int = 4,
+    release: bool = True,
+    tree_pad: int | None = None,
 ) -> dict[str, Any]:
     """Measure the memory of ``iterations`` training iterations of ``config``.
 
@@ -84,6 +88,9 @@ def bench_memory(
         sets: ``key=value`` overrides, as ``mage train --set``.
         iterations: Iterations of rollouts and updates to play.
         release: Hand the allocator's free pages back after each phase, as training does.
+        tree_pad: Pad the learner's prefix trees to a multiple of this many nodes in this
+            process instead of :data:`~mage_rl.rl.prefix_tree.TREE_PAD_MULTIPLE` (1: no
+            padding, as before it was added).
 
     Returns:
         ``{"config": {...}, "rows": [...]}``: one row per point (set-up, then the rollouts
@@ -96,10 +103,15 @@ def bench_memory(
     """
     import torch
 
+    from mage_rl.rl import prefix_tree
     from mage_rl.rl.trainer import Trainer
 
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if tree_pad is not None:
+        if tree_pad < 1:
+            raise ValueError(f"tree_pad must be >= 1, got {tree_pad}")
+        prefix_tree.TREE_PAD_MULTIPLE = tree_pad
     cfg = load_config(config, [*sets, "eval.tasks=0", "eval.before=false"])
     rows: list[dict[str, Any]] = []
     peak = _Peak()
@@ -136,6 +148,7 @@ def bench_memory(
             "release": release,
             "model": cfg.policy.model,
             "lora": cfg.learner.lora,
+            "tree_pad": prefix_tree.TREE_PAD_MULTIPLE,
             "torch_threads": torch.get_num_threads(),
         },  # fmt: skip
         "rows": rows,
@@ -147,7 +160,8 @@ def format_memory_report(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [
         f"# Memory of {c['config']} ({c['model']}, {'LoRA' if c['lora'] else 'full fine-tuning'}; "
-        f"free memory {'handed back' if c['release'] else 'kept'} after each phase)",
+        f"free memory {'handed back' if c['release'] else 'kept'} after each phase; trees padded "
+        f"to {c['tree_pad']} nodes)",
         "",
         "| after | seconds | RSS MB | peak during MB | in use MB | free kept MB | mapped MB |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -26,6 +26,7 @@ import torch
 
 from mage_rl.policy.constrained import allowed_index, mixture_logprobs
 from mage_rl.records import MetaEpisodeRecord, Turn
+from mage_rl.rl import prefix_tree
 from mage_rl.rl.conversation import (
     ConversationSample,
     ConversationTrace,
@@ -457,7 +458,10 @@ def collate_tree(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBat
     :func:`collate`'s rows.
     """
     rows = [_row(s) for s in samples]
-    tree = build_prefix_tree([r.input_ids for r in rows]).padded(pad_id=pad_id)
+    # Read at each call: `mage bench memory --tree-pad` sets it for its own process.
+    tree = build_prefix_tree([r.input_ids for r in rows]).padded(
+        prefix_tree.TREE_PAD_MULTIPLE, pad_id
+    )
     padded = collate(samples, pad_id)  # the trained-token tensors, (B, R)
     positions = torch.zeros_like(padded.positions)
     for b, row in enumerate(rows):

@@ -71,7 +71,8 @@ DEFAULTS = {
         config="configs/x.yaml", set=[], batches=1, repeats=2, json=None, threads=None
     ),
     "memory": dict(
-        config="configs/x.yaml", set=[], iterations=4, release=True, json=None, threads=None
+        config="configs/x.yaml", set=[], iterations=4, release=True, tree_pad=None, json=None,
+        threads=None,
     ),
     "view": dict(run="runs/x", meta_episodes=10_000, rounds=3, json=None, threads=None),
 }  # fmt: skip

@@ -23,4 +23,5 @@ def test_memory_rows_per_phase_with_the_allocators_view(tmp_path, capsys) -> Non
         if can_release():  # glibc: its view of the heap is there too
             assert row["in_use_mb"] > 0 and row["free_kept_mb"] >= 0
     assert doc["config"]["release"] is True and doc["provenance"]["torch_threads"] == 1
+    assert doc["config"]["tree_pad"] == 64
     assert "| iteration 2: update |" in capsys.readouterr().out
