@@ -57,16 +57,20 @@ class _Peak:
 
     def __init__(self) -> None:
         self.value = 0.0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         while not self._stop.wait(0.02):
-            self.value = max(self.value, resident_mb() or 0.0)
+            now = resident_mb() or 0.0
+            with self._lock:  # not a read from before a take() written back after it
+                self.value = max(self.value, now)
 
     def take(self) -> float:
-        value, self.value = self.value, 0.0
+        with self._lock:
+            value, self.value = self.value, 0.0
         return round(value, 1)
 
     def stop(self) -> None:
