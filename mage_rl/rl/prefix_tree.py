@@ -15,9 +15,10 @@ interval ``[a, end[a])``) holds ``i``, which gives the mask without walking the 
 
 A tree fed to the model is padded to a multiple of :data:`TREE_PAD_MULTIPLE` nodes with
 nodes that attend only to themselves and that no sequence reads. Every tree of a run then
-has one of a few sizes, so the CPU's matrix kernels, compiled and cached per shape
-(oneDNN), are reused instead of compiled anew for each size; without it the cache of
-kernels grew by about 55 MB an iteration of the main job.
+has one of a few sizes, so what the CPU kernels keep per shape (oneDNN's compiled
+matrix kernels among it) is reused instead of kept anew for each size; without it the
+main job's memory in use grew by about 85 MB an iteration (``mage bench memory
+--tree-pad 1``).
 
 Gradients stay exact: a logit read by several sequences is gathered once per reader, and
 the backward pass adds their contributions at the shared node, as separate rows would
