@@ -283,10 +283,12 @@ def server_process(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
     from mage_rl.net import free_port
 
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(FUZZ_SCRIPT), "--serve", str(port), str(tmp_path), "64"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    log = tmp_path / "server.log"  # a file, not a pipe that a chatty server could fill
+    with log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, str(FUZZ_SCRIPT), "--serve", str(port), str(tmp_path / "state"),
+             "64"], stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
     root = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -295,7 +297,7 @@ def server_process(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
                 if httpx.get(f"{root}/health").status_code == 200:
                     break
             except httpx.HTTPError:
-                assert process.poll() is None, process.stderr.read().decode()[-2000:]
+                assert process.poll() is None, log.read_text(errors="replace")[-2000:]
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.2)
         yield root, psutil.Process(process.pid)
