@@ -171,7 +171,7 @@ class RunClock:
         self.iteration_seconds.append(seconds)
         left = self.estimate_left(iteration)
         now = resident_mb()
-        memory = "" if now is None else f", memory {now / 1024:.2f} GB"
+        memory = "" if now is None else f", memory {now / 1024:.2f} GiB"
         line = (
             f"iteration {iteration}/{self.iterations}: rollouts {rollout_s:.1f} s, learner "
             f"{learn_s:.1f} s, {figures}; elapsed {clock_text(self.elapsed())}, "
@@ -248,7 +248,7 @@ class RunClock:
             lines.append(f"| {name} | {r['seconds']:.1f} | {100 * r['share']:.1f} % |")
         lines.append(f"| total | {summary['wall_s']:.1f} | 100 % |")
         if summary["peak_rss_mb"]:
-            lines += ["", f"Peak resident memory: {summary['peak_rss_mb'] / 1024:.2f} GB."]
+            lines += ["", f"Peak resident memory: {summary['peak_rss_mb'] / 1024:.2f} GiB."]
         sessions = summary["sessions"]
         if len(sessions) > 1:
             resumed = ", ".join(
@@ -271,4 +271,4 @@ class RunClock:
                 "  %-38s %8.1f s %5.1f %%", r["phase"] + note, r["seconds"], 100 * r["share"]
             )
         if summary["peak_rss_mb"]:
-            logger.info("peak resident memory: %.2f GB", summary["peak_rss_mb"] / 1024)
+            logger.info("peak resident memory: %.2f GiB", summary["peak_rss_mb"] / 1024)

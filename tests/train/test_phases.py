@@ -86,7 +86,7 @@ def test_a_run_logs_its_iterations_and_phases_and_its_rerun_reads_the_cache(
     # The line of the iteration, though the output is not a terminal.
     line = next(x for x in log.splitlines() if "iteration 1/1:" in x)
     assert re.search(r"rollouts [\d.]+ s, learner [\d.]+ s, success .* loss", line), line
-    assert re.search(r"elapsed \d+:\d\d, about \d+:\d\d left, memory [\d.]+ GB$", line), line
+    assert re.search(r"elapsed \d+:\d\d, about \d+:\d\d left, memory [\d.]+ GiB$", line), line
     assert "phases of the run" in log
     assert re.search(r"evaluation before: untrained, 2 meta-episodes in [\d.]+ s, computed", log)
 
@@ -104,8 +104,8 @@ def test_a_run_logs_its_iterations_and_phases_and_its_rerun_reads_the_cache(
     # The process's peak memory: in phases.json, the log and the report; each iteration's
     # memory in the metrics.
     assert sessions[0]["peak_rss_mb"] > 100
-    assert re.search(r"peak resident memory: [\d.]+ GB", log)
-    assert re.search(r"Peak resident memory: [\d.]+ GB", (first / "report.md").read_text())
+    assert re.search(r"peak resident memory: [\d.]+ GiB", log)
+    assert re.search(r"Peak resident memory: [\d.]+ GiB", (first / "report.md").read_text())
     assert "phases" in json.loads((first / "report.json").read_text())
     lines = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
     assert 0 < lines[0]["perf/elapsed_s"] <= sessions[0]["wall_s"]
