@@ -224,9 +224,9 @@ class _Releaser:
     """Hands the memory that large requests freed back to the operating system.
 
     A large request allocates several copies of its body (bytes, parsed JSON, the
-    rendered prompt, its tokens) on whichever worker thread ran it. glibc keeps what is freed in that
-    thread's arena for reuse, so a server that refused a few dozen near-limit prompts
-    kept 100 MB or more of resident memory it no longer used. ``malloc_trim(0)`` returns
+    rendered prompt, its tokens) on whichever worker thread ran it. glibc keeps what is
+    freed in that thread's arena for reuse, so a server that refused a few dozen
+    near-limit prompts kept 100 MB or more of resident memory it no longer used. ``malloc_trim(0)`` returns
     the free pages; it runs on a worker thread, at most once per burst of large requests.
     Elsewhere than glibc (macOS, musl) there is no such call and nothing is done.
     """
