@@ -259,7 +259,13 @@ def main() -> None:
 
         def sample() -> None:
             while not stop.wait(1.0):
-                rss.append(proc.memory_info().rss / 2**20)
+                try:
+                    rss.append(proc.memory_info().rss / 2**20)
+                except psutil.NoSuchProcess:  # say how the server ended, then stop the run
+                    code = server.wait()
+                    print(f"the server exited after {len(rss)} s with status {code} "
+                          "(negative: killed by that signal)", file=sys.stderr, flush=True)  # fmt: skip
+                    os._exit(3)
                 if len(rss) % 30 == 0:
                     print(f"{len(rss)} s: {rss[-1]:.0f} MB", file=sys.stderr, flush=True)
 
