@@ -166,8 +166,14 @@ class Fuzz:
         message, in_session, name = hostile(rng)
         extra: dict[str, Any] = {}
         if in_session:
-            opened = self.post(start(), {}).json()
-            handle = opened["mage"]["session"]
+            response = self.post(start(), {})
+            if response.status_code != 200:  # say, 429 at the session cap: an answer too
+                with self.lock:
+                    self.statuses[f"start {response.status_code}"] += 1
+                    if response.status_code >= 500:
+                        self.unexpected.append(f"start: {response.text[:300]}")
+                return
+            handle = response.json()["mage"]["session"]
             extra = {"session": handle, "seq": rng.choice([1, 1, 1, 0, 7, -1])}
         elif rng.random() < 0.3:
             extra = {"session": rng.choice(["A" * 32, "short", "x" * 65, 12]), "seq": 1}
