@@ -81,6 +81,13 @@ def _textenv_specs(args: argparse.Namespace) -> list[str]:
     return args.variant or list(DEFAULT_SPECS)
 
 
+def _add_config(p: argparse.ArgumentParser) -> None:
+    """CONFIG and ``--set``, for the benchmarks that build a training config's trainer."""
+    p.add_argument("config", help="a training config file, say configs/rps_smollm2.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, as mage train --set")  # fmt: skip
+
+
 def _save(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
     """Write the raw result to ``--json`` (when given) with its provenance."""
     if args.json:
@@ -239,9 +246,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prefixes computed once), alternating, after checking that both give the same "
         "gradient on one mini-batch.",
     )
-    p.add_argument("config", help="a training config file, say configs/rps_smollm2.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, as mage train --set")  # fmt: skip
+    _add_config(p)
     p.add_argument("--batches", type=int, default=1, help="iterations of rollouts to play")
     p.add_argument("--repeats", type=int, default=2, help="timed updates per layout and batch")
     _add_common(p)
@@ -256,9 +261,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and each phase reports the resident memory, glibc's memory in use and kept free, "
         "and the highest RSS during the phase.",
     )
-    p.add_argument("config", help="a training config file, say configs/rps_smollm2.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, as mage train --set")  # fmt: skip
+    _add_config(p)
     p.add_argument("--iterations", type=int, default=4, help="iterations to play")
     p.add_argument(
         "--keep-free",

@@ -30,6 +30,24 @@ class Server:
         return self.url.removesuffix("/v1")
 
 
+def wait_until_serving(process, root: str, log, timeout_s: float = 120) -> None:
+    """Wait until the server ``process`` answers ``{root}/health``; fail with the tail of
+    its ``log()`` if it exits first, or when ``timeout_s`` passes."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{root}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            assert process.poll() is None, log()[-2000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="package")
 def tiny():
     return load_model("tiny", dtype="fp32")

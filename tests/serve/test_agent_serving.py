@@ -28,6 +28,7 @@ from mage_rl.policy.models import load_model
 from mage_rl.serve import create_app, serve_in_thread
 from mage_rl.serve.agent import AgentSessions
 from mage_rl.serve.launch import agent_sessions
+from tests.serve.conftest import wait_until_serving
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "extending"
 
@@ -248,8 +249,6 @@ def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
     import subprocess
     import sys
 
-    import httpx
-
     from mage_rl.net import free_port
 
     port = free_port()
@@ -257,15 +256,8 @@ def test_mage_serve_agent_command_serves_the_run(planner_run: Path) -> None:
            "--port", str(port), "--session-idle", "60"]  # fmt: skip
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert process.poll() is None, process.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.3)
+        wait_until_serving(process, f"http://127.0.0.1:{port}",
+                           lambda: process.stderr.read().decode())  # fmt: skip
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0)  # fmt: skip
         ids = [c.id for c in client.models.list().data]
@@ -303,20 +295,12 @@ def _serve(run: Path, port: int, state_dir: Path) -> Any:
     import subprocess
     import sys
 
-    import httpx
-
     cmd = [sys.executable, "-m", "mage_rl.cli", "serve", str(run), "--agent", "--port",
            str(port), "--state-dir", str(state_dir)]  # fmt: skip
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return process
-        except httpx.HTTPError:
-            assert process.poll() is None, process.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.2)
+    wait_until_serving(process, f"http://127.0.0.1:{port}",
+                       lambda: process.stderr.read().decode())  # fmt: skip
+    return process
 
 
 def test_sessions_survive_kill_9_at_three_moments(planner_run: Path, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from mage_rl.graphs import GraphOptions, build_meta_episode_graph
 from mage_rl.serve import create_app, serve_in_thread
 from mage_rl.serve.agent import AgentSessions
 from mage_rl.serve.store import SessionStore
+from tests.serve.conftest import wait_until_serving
 
 AGENT = "kuhnish"
 KEY = "key-one"
@@ -291,15 +292,7 @@ def server_process(tmp_path: Path) -> Iterator[tuple[str, psutil.Process]]:
         )  # fmt: skip
     root = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{root}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert process.poll() is None, log.read_text(errors="replace")[-2000:]
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
+        wait_until_serving(process, root, lambda: log.read_text(errors="replace"))
         yield root, psutil.Process(process.pid)
     finally:
         process.kill()
