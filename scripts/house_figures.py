@@ -7,7 +7,8 @@ modules pass 500 lines (a size is tracked here, not enforced: modules split by c
 flags of every ``mage`` sub-command, imports of ``mage_rl`` modules made inside function
 bodies, the import cycles among ``mage_rl`` modules when those count (strongly connected
 groups of more than one module), the imports that point up a layer of
-:mod:`mage_rl.layers` (and the package pairs they join), and the files git tracks under ``docs/``. Reads the source only (the
+:mod:`mage_rl.layers` (and the package pairs they join), the files git tracks under ``docs/``, ``docs/results`` and ``studies/`` (with their bytes), and
+every tracked file and byte. Reads the source only (the
 AST); nothing is imported from ``REPO_DIR`` except the config and the parser, which are
 read from the installed package.
 """
@@ -119,9 +120,12 @@ def figures(repo: Path) -> dict[str, object]:
         inner_count += len(inner - top)
         graph[name] = {i for i in top | inner if i != name}
     tracked = subprocess.run(
-        ["git", "-C", str(repo), "ls-files", "docs"], capture_output=True, text=True, check=True
+        ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, text=True, check=True
     )
-    docs = [Path(line) for line in tracked.stdout.splitlines()]
+    paths = [Path(p) for p in tracked.stdout.split("\0") if p]
+    docs = [p for p in paths if p.parts[0] == "docs"]
+    studies = [p for p in paths if p.parts[0] == "studies"]
+    present = [p for p in paths if (repo / p).is_file()]
     from mage_rl.layers import upward
 
     sizes = sorted(((len(f.read_text().splitlines()), n) for n, f in modules.items()), reverse=True)
@@ -138,6 +142,15 @@ def figures(repo: Path) -> dict[str, object]:
         ),
         "files_under_docs": len(docs),
         "files_under_docs_results": sum("results" in p.parts for p in docs),
+        "files_under_studies": len(studies),
+        "bytes_under_docs_results": sum(
+            (repo / p).stat().st_size for p in present if p.parts[:2] == ("docs", "results")
+        ),
+        "bytes_under_studies": sum(
+            (repo / p).stat().st_size for p in present if p.parts[0] == "studies"
+        ),
+        "tracked_files": len(paths),
+        "tracked_bytes": sum((repo / p).stat().st_size for p in present),
     }
 
 
