@@ -88,6 +88,34 @@ def test_draw_never_samples_truncated_tokens_and_is_seeded() -> None:
     assert run(7) == first
 
 
+def test_draws_follow_the_distribution_and_skip_zero_mass() -> None:
+    """20,000 draws land on each token as often as its probability says (within 4 standard
+    errors), never on a token of mass 0, whether the zeros lie first, between or last."""
+    probs = [0.0, 0.1, 0.0, 0.6, 0.3, 0.0]
+    logp = torch.tensor([probs]).log()
+    gen = torch.Generator().manual_seed(3)
+    counts = [0] * len(probs)
+    for _ in range(20_000):
+        tokens, _ = draw(logp, [False], [gen])
+        counts[int(tokens[0])] += 1
+    for p, c in zip(probs, counts, strict=True):
+        if p == 0:
+            assert c == 0
+        else:
+            assert abs(c / 20_000 - p) < 4 * math.sqrt(p * (1 - p) / 20_000)
+
+
+def test_a_row_draws_the_same_whatever_shares_its_batch() -> None:
+    logp = torch.log_softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(1)), -1)
+    alone = draw(logp[1:2], [False], [torch.Generator().manual_seed(5)])[0]
+    together = draw(
+        logp, [False, False, True],
+        [torch.Generator().manual_seed(9), torch.Generator().manual_seed(5), torch.Generator()],
+    )[0]  # fmt: skip
+    assert together[1] == alone[0]
+    assert together[2] == logp[2].argmax()
+
+
 def test_draw_greedy_takes_argmax() -> None:
     logits = torch.tensor([[0.1, 3.0, 0.2]])
     tokens, token_logp = draw(torch.log_softmax(logits, -1), [True], [torch.Generator()])
