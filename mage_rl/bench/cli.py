@@ -42,6 +42,7 @@ BENCHMARKS = (
     "reuse",
     "layouts",
     "hardware",
+    "sampling",
     "view",
 )
 
@@ -276,6 +277,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         func=_throughput(
             "memory", "config", "iterations", "release", "tree_pad", sets=lambda a: a.set
         )
+    )
+
+    p = benches.add_parser(
+        "sampling",
+        help="the engine's sampling step against a plain sort and multinomial",
+        description="Times turning a (batch, vocabulary) block of bf16 logits into one "
+        "token per row, as the engine does at each decode step, against a stable sort of "
+        "the whole vocabulary and one torch.multinomial per row; no model is loaded.",
+    )
+    p.add_argument("--batches", default="1,16,64", help="rows per step, comma-separated")
+    p.add_argument("--vocab", type=int, default=49152, help="vocabulary size (SmolLM2's)")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls; the fastest counts")
+    p.add_argument("--seed", type=int, default=0)
+    _add_common(p)
+    p.set_defaults(
+        func=_throughput(
+            "sampling", "vocab", "repeats", "seed",
+            batches=lambda a: [int(b) for b in a.batches.split(",")],
+        )  # fmt: skip
     )
 
     p = benches.add_parser("serve", help="mage serve requests/s at 1 vs 16 concurrent clients")

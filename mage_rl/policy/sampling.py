@@ -180,13 +180,15 @@ def draw_rows(
         raise ValueError("give one greedy flag and one generator per row")
     if logprobs.shape[0] == 0:
         return []
-    valid = (torch.isfinite(logprobs).any(-1) & ~torch.isnan(logprobs).any(-1)).tolist()
-    tokens = logprobs.argmax(-1)  # (N,): greedy rows and invalid ones (discarded) keep it
+    # One pass: the row's maximum is NaN when a NaN is there (max propagates it) and -inf
+    # when every token is removed; greedy rows and invalid ones (discarded) take the argmax.
+    best, tokens = logprobs.max(-1)
+    valid = torch.isfinite(best).tolist()
     sampled = [i for i, (ok, g) in enumerate(zip(valid, greedy, strict=True)) if ok and not g]
     if sampled:
         rows = torch.tensor(sampled, device=logprobs.device)
-        # float64 sums: a token's interval keeps its width along 10^5 tokens
-        probs = logprobs[rows].double().exp()
+        # Summed in float64: a token's interval keeps its width along 10^5 tokens.
+        probs = logprobs[rows].exp().double()
         cdf = probs.cumsum(-1)  # (S, V)
         u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64,
                                   device=logprobs.device) for i in sampled])  # fmt: skip

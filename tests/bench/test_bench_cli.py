@@ -75,6 +75,7 @@ DEFAULTS = {
         threads=None,
     ),
     "view": dict(run="runs/x", meta_episodes=10_000, rounds=3, json=None, threads=None),
+    "sampling": dict(batches="1,16,64", vocab=49152, repeats=10, seed=0, json=None, threads=None),
 }  # fmt: skip
 REQUIRED = {
     "view": ["runs/x"],
