@@ -180,15 +180,15 @@ def draw_rows(
         raise ValueError("give one greedy flag and one generator per row")
     if logprobs.shape[0] == 0:
         return []
-    # One pass: the row's maximum is NaN when a NaN is there (max propagates it) and -inf
-    # when every token is removed; greedy rows and invalid ones (discarded) take the argmax.
-    best, tokens = logprobs.max(-1)
-    valid = torch.isfinite(best).tolist()
+    # A row's maximum is NaN when a NaN is there (amax propagates it) and -inf when every
+    # token is removed. Greedy rows and invalid ones (discarded) take the argmax.
+    valid = torch.isfinite(logprobs.amax(-1)).tolist()
+    tokens = logprobs.argmax(-1)
     sampled = [i for i, (ok, g) in enumerate(zip(valid, greedy, strict=True)) if ok and not g]
     if sampled:
         rows = torch.tensor(sampled, device=logprobs.device)
         # Summed in float64: a token's interval keeps its width along 10^5 tokens.
-        probs = logprobs[rows].exp().double()
+        probs = logprobs[rows].double().exp()
         cdf = probs.cumsum(-1)  # (S, V)
         u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64,
                                   device=logprobs.device) for i in sampled])  # fmt: skip
