@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.eval.paired import paired_difference
+from mage_rl.eval.plots import error_bar
 from mage_rl.eval.stats import Estimate, bounded, mean_interval, wilson_interval
 
 PROBES: dict[str, Callable[[dict[str, Any]], bool]] = {
@@ -447,10 +448,8 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
             x = i + (j - (len(runs) - 1) / 2) * 0.12
             for key, color, shift in (("first", "tab:gray", -0.03), ("last", "tab:blue", 0.03)):
                 est = run[key]
-                err = None
-                if est.get("low") is not None:
-                    err = [[est["mean"] - est["low"]], [est["high"] - est["mean"]]]
-                ax.errorbar(x + shift, est["mean"], yerr=err, fmt="o", color=color, ms=4, capsize=2,
+                below, above = error_bar(est)
+                ax.errorbar(x + shift, est["mean"], yerr=[[below], [above]], fmt="o", color=color, ms=4, capsize=2,
                             label=f"{key} episode" if i == 0 and j == 0 else None)  # fmt: skip
     refs = doc.get("references") or {}
     if "best_fixed" in refs:

@@ -9,19 +9,29 @@ from typing import Any
 from mage_rl.eval.tables import ENV_TITLES, agent_rows, result_cell, run_envs, short_opponent
 
 
+def error_bar(estimate: dict[str, Any]) -> tuple[float, float]:
+    """How far an interval reaches below and above its estimate, for ``yerr``.
+
+    Never negative: rounding may put an end a hair on the wrong side of the mean (a Wilson
+    interval of a rate of 1 ends at 0.9999999999999998), which matplotlib refuses. An
+    estimate without an interval reaches nowhere.
+    """
+    mean, low, high = estimate["mean"], estimate.get("low"), estimate.get("high")
+    below = mean - low if low is not None else 0.0
+    above = high - mean if high is not None else 0.0
+    return max(0.0, below), max(0.0, above)
+
+
 def _plot_lines(ax: Any, series: Sequence[tuple[str, list[dict[str, Any]]]]) -> None:
     for i, (name, ests) in enumerate(series):
         shown = [(k + 1, e) for k, e in enumerate(ests) if e["mean"] is not None]
         ks = [k for k, _ in shown]
         means = [e["mean"] for _, e in shown]
-        # An interval's ends are the estimate's own; rounding may put one a hair inside.
-        lows = [max(0.0, e["mean"] - (e["low"] if e["low"] is not None else e["mean"]))
-                for _, e in shown]  # fmt: skip
-        highs = [max(0.0, (e["high"] if e["high"] is not None else e["mean"]) - e["mean"])
-                 for _, e in shown]  # fmt: skip
+        bars = [error_bar(e) for _, e in shown]
         # Offset agents a little along k, so overlapping intervals stay readable.
         xs = [k + 0.04 * (i - (len(series) - 1) / 2) for k in ks]
-        ax.errorbar(xs, means, yerr=[lows, highs], marker="o", capsize=3, label=name)
+        yerr = [[b for b, _ in bars], [a for _, a in bars]]
+        ax.errorbar(xs, means, yerr=yerr, marker="o", capsize=3, label=name)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("k (episodes)")
     ax.set_ylabel("success@k")

@@ -31,6 +31,7 @@ from mage_rl.eval.decisions import (
 )
 from mage_rl.eval.game_oracles import exploitation_values
 from mage_rl.eval.oracles import kuhn_oracle
+from mage_rl.eval.plots import error_bar
 from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.eval.verdicts import (
@@ -232,10 +233,8 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
             continue
         x = final_iteration if name.startswith("trained") else 0
         x += 0.15 * (i - (len(rows) - 1) / 2) * max(1, final_iteration) / 10
-        err = None
-        if est.get("low") is not None:
-            err = [[est["mean"] - est["low"]], [est["high"] - est["mean"]]]
-        ax.errorbar([x], [est["mean"]], yerr=err, fmt="o", capsize=4, color=f"C{i + 1}",
+        below, above = error_bar(est)
+        ax.errorbar([x], [est["mean"]], yerr=[[below], [above]], fmt="o", capsize=4, color=f"C{i + 1}",
                     label=f"eval: {name}")  # fmt: skip
     if oracle:
         for seat, style in zip(SEATS, ("--", ":"), strict=True):

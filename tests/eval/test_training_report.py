@@ -180,3 +180,17 @@ def test_games_without_a_payoff_get_a_verdict_on_success() -> None:
         "above the untrained model, 95 % intervals apart."
     )
     assert lines[1].startswith("- success@2, first seat:") and len(lines) == 2
+
+
+def test_a_perfect_score_plots_though_its_interval_ends_below_it(tmp_path: Path) -> None:
+    """A Wilson interval of a rate of 1 ends at 0.9999999999999998: the bar reaches 0 above
+    the point, where a negative reach stopped the main job's report."""
+    from mage_rl.eval.plots import error_bar
+    from mage_rl.eval.training_report import _plot
+
+    perfect = {"mean": 1.0, "low": 0.93982814785791, "high": 0.9999999999999998, "n": 60}
+    assert error_bar(perfect) == (pytest.approx(0.06017185214209), 0.0)
+    assert error_bar({"mean": 0.5, "low": None, "high": None}) == (0.0, 0.0)
+    rows = [("trained (iter_000020)", {"stratified": {"ev@k": [perfect]}})]
+    path = _plot(tmp_path, rows, None, 1, 20)
+    assert path.read_bytes()[:4] == b"\x89PNG"
