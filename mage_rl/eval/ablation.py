@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mage_rl.eval.paired import paired_difference
-from mage_rl.eval.plots import error_bar
-from mage_rl.eval.stats import Estimate, bounded, mean_interval, wilson_interval
+from mage_rl.eval.stats import Estimate, bounded, error_bar, mean_interval, wilson_interval
 
 PROBES: dict[str, Callable[[dict[str, Any]], bool]] = {
     # A showdown call is the probe: a fold shows nothing (a draw), a call wins or loses.

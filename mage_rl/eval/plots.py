@@ -6,20 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mage_rl.eval.stats import error_bar
 from mage_rl.eval.tables import ENV_TITLES, agent_rows, result_cell, run_envs, short_opponent
-
-
-def error_bar(estimate: dict[str, Any]) -> tuple[float, float]:
-    """How far an interval reaches below and above its estimate, for ``yerr``.
-
-    Never negative: rounding may put an end a hair on the wrong side of the mean (a Wilson
-    interval of a rate of 1 ends at 0.9999999999999998), which matplotlib refuses. An
-    estimate without an interval reaches nowhere.
-    """
-    mean, low, high = estimate["mean"], estimate.get("low"), estimate.get("high")
-    below = mean - low if low is not None else 0.0
-    above = high - mean if high is not None else 0.0
-    return max(0.0, below), max(0.0, above)
 
 
 def _plot_lines(ax: Any, series: Sequence[tuple[str, list[dict[str, Any]]]]) -> None:

@@ -31,8 +31,8 @@ from mage_rl.eval.decisions import (
 )
 from mage_rl.eval.game_oracles import exploitation_values
 from mage_rl.eval.oracles import kuhn_oracle
-from mage_rl.eval.plots import error_bar
 from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
+from mage_rl.eval.stats import error_bar
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.eval.verdicts import (
     fmt_payoff,

@@ -185,7 +185,7 @@ def test_games_without_a_payoff_get_a_verdict_on_success() -> None:
 def test_a_perfect_score_plots_though_its_interval_ends_below_it(tmp_path: Path) -> None:
     """A Wilson interval of a rate of 1 ends at 0.9999999999999998: the bar reaches 0 above
     the point, where a negative reach stopped the main job's report."""
-    from mage_rl.eval.plots import error_bar
+    from mage_rl.eval.stats import error_bar
     from mage_rl.eval.training_report import _plot
 
     perfect = {"mean": 1.0, "low": 0.93982814785791, "high": 0.9999999999999998, "n": 60}

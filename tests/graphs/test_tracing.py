@@ -107,7 +107,8 @@ def test_one_training_iteration_updates_on_both_calls(tiny, planner_records) -> 
 
 
 def test_builtin_agents_samples_are_unchanged() -> None:
-    """Samples of the built-in agents equal those recorded before tracing existed."""
+    """Samples of the built-in agents equal the recorded ones (recorded before tracing
+    existed; recorded again when the engine's draw changed, eb2585f)."""
     model, tokenizer = build_tiny(seed=0)
     golden = json.loads(GOLDEN.read_text())
     with LocalEngine(model, tokenizer, max_batch_size=16, batch_wait_ms=20) as engine:
