@@ -17,6 +17,7 @@ from rich.table import Table
 
 from mage_rl.bench.cli import register as register_bench
 from mage_rl.cluster.backends import trainer_class
+from mage_rl.config import load_config
 from mage_rl.console import console, error, heading, notice
 from mage_rl.eval.ablation_cli import register as register_ablate
 from mage_rl.eval.cli import register as register_eval
@@ -34,6 +35,7 @@ from mage_rl.plugins import (
 from mage_rl.provenance import mark_start
 from mage_rl.rl.phases import process_start_time
 from mage_rl.serve.cli import register as register_serve
+from mage_rl.train_folder import latest_checkpoint, resume_command
 from mage_rl.view.cli import register as register_view
 
 log = logging.getLogger("mage_rl")
@@ -111,7 +113,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from mage_rl import runtime
-    from mage_rl.config import load_config
     from mage_rl.graphs.rollouts import summarize, write_jsonl
 
     cfg = load_config(args.config, args.set)
@@ -138,9 +139,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mage_rl.config import load_config
-    from mage_rl.train_folder import latest_checkpoint, resume_command
-
     overrides = [*args.set, *([f"train.backend={args.backend}"] if args.backend else [])]
     cfg = load_config(args.config, overrides)
     Trainer = trainer_class(cfg.train.backend)
@@ -197,7 +195,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from mage_rl.config import load_config
     from mage_rl.rl.pretrain import PretrainSettings, pretrain
 
     cfg = load_config(args.config, args.set)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from mage_rl.config_yaml import (
     BASE_DIR_KEY,
@@ -26,10 +26,9 @@ from mage_rl.config_yaml import (
     parse_overrides,
     read_yaml,
     set_path,
-    strict_scalars,
     with_plugins_loaded,
 )
-from mage_rl.policy.models import model_spec_problem
+from mage_rl.policy.model_specs import model_spec_problem
 from mage_rl.sections import (
     AdvantageConfig,
     EvalSection,
@@ -37,16 +36,13 @@ from mage_rl.sections import (
     LearnerConfig,
     OpenRLHFSection,
     ReturnConfig,
+    Section,
 )
 
 ContextMode = Literal["reflection", "history", "history+reflection", "none"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
-
-
-class EnvConfig(_Strict):
+class EnvConfig(Section):
     """The task and its opponents."""
 
     name: str = Field(
@@ -78,7 +74,7 @@ class EnvConfig(_Strict):
     )
 
 
-class MetaEpisodeConfig(_Strict):
+class MetaEpisodeConfig(Section):
     """How a meta-episode is played (SPEC §2)."""
 
     episodes: int = Field(3, ge=1, le=10, description="K, episodes per meta-episode.")
@@ -112,7 +108,7 @@ class MetaEpisodeConfig(_Strict):
     )
 
 
-class PolicyConfig(_Strict):
+class PolicyConfig(Section):
     """The model and how it samples."""
 
     model: str = Field(
@@ -168,7 +164,7 @@ class PolicyConfig(_Strict):
         return self
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(Section):
     """How many meta-episodes are collected per batch."""
 
     tasks: int = Field(4, ge=1, description="B, task instances (seed, opponent, seat) per batch.")
@@ -186,7 +182,7 @@ class RolloutConfig(_Strict):
     )
 
 
-class RunConfig(_Strict):
+class RunConfig(Section):
     """A rollout or evaluation experiment: task, meta-episode, policy, batch size."""
 
     plugins: list[str] = Field(
@@ -329,15 +325,8 @@ def load_config(
 
 # -- training --------------------------------------------------------------------------
 
-# The maths and learner settings are plain dataclasses next to the code that uses them;
-# pydantic validates them in place, rejecting unknown keys as for the sections above.
 
-
-for _section in (ReturnConfig, AdvantageConfig, LearnerConfig):
-    strict_scalars(_section)
-
-
-class TrainSection(_Strict):
+class TrainSection(Section):
     """The training loop."""
 
     iterations: int = Field(10, ge=1, description="Rollout-and-update iterations.")

@@ -14,12 +14,11 @@ import dataclasses
 import difflib
 import json
 import re
-import typing
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Strict
+from pydantic import BaseModel
 
 from mage_rl.plugins import PluginError, load_plugin, plugin_path
 
@@ -173,17 +172,12 @@ def _section_fields(cls: Any, loc: tuple[Any, ...]) -> list[str] | None:
         if isinstance(cls, type) and issubclass(cls, BaseModel):
             field = cls.model_fields.get(str(key))
             cls = field.annotation if field else None
-        elif dataclasses.is_dataclass(cls):
-            types = {f.name: f.type for f in dataclasses.fields(cls)}
-            cls = types.get(str(key))
         else:
             return None
         if get_origin(cls) is not None:  # Optional[Section] and the like
             cls = next((a for a in get_args(cls) if isinstance(a, type)), None)
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         return list(cls.model_fields)
-    if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
     return None
 
 
@@ -252,20 +246,3 @@ def with_plugins_loaded(data: Any) -> Any:
                 raise ValueError(str(err)) from None
         data["plugins"] = resolved
     return data
-
-
-def strict_scalars(section: type) -> None:
-    """Read a dataclass section's numbers, booleans and strings strictly, as the sections
-    above are read.
-
-    A strict dataclass would refuse the mapping a config file gives (it wants an
-    instance), so strictness is put on each scalar field's type instead; tuple fields
-    stay as they are, so that a YAML list is a tuple.
-    """
-    hints = typing.get_type_hints(section)
-    for field in dataclasses.fields(section):
-        kind = hints[field.name]
-        if kind in (int, float, bool, str):
-            field.type = Annotated[kind, Strict()]
-            section.__annotations__[field.name] = field.type
-    section.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]

@@ -28,7 +28,6 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from mage_rl.api import load_config
@@ -170,7 +169,7 @@ def _agreement(learner: Any, samples: list[Any], old: str, explore: float) -> di
     for name in (*LAYOUTS, "rows"):
         learner.tree = name == "tree"
         if name == "rows":
-            learner.config = replace(config, micro_batch_tokens=1)
+            learner.config = config.model_copy(update={"micro_batch_tokens": 1})
         learner.optimizer.zero_grad(set_to_none=True)
         stats = learner.accumulate_gradients(mini)
         out[name] = {k: stats[k] for k in ("loss", "pg_loss", "entropy")}

@@ -77,7 +77,6 @@ def _one_update_per_term(
     alone (``omega = 0``), the step-level term alone and their sum; ``measure()`` after
     each. The weights are restored at the end."""
     import copy
-    import dataclasses
 
     cfg, learner = trainer.cfg, trainer.learner
     weights = copy.deepcopy(learner.model.state_dict())
@@ -85,7 +84,7 @@ def _one_update_per_term(
     adv = cfg.advantages
     terms = {
         "A_E (episode level)": compute_advantages(
-            records, cfg.returns, dataclasses.replace(adv, omega=0.0)
+            records, cfg.returns, adv.model_copy(update={"omega": 0.0})
         ),
         "A_S (step level)": compute_advantages(records, cfg.returns, adv, step_only=True),
         f"A = A_E + {adv.omega:g} A_S": compute_advantages(records, cfg.returns, adv),

@@ -4,8 +4,11 @@
 (environments, opponents, task instances, K, protocol, sampling, token budgets).
 :class:`~mage_rl.eval.conditions.EvalConfig` adds the agents and the checks, and
 ``mage eval`` builds its flags from the same fields (:func:`add_arguments`), so a default
-or a help text cannot drift between the Python API and the command line. The module
-imports nothing heavy, so ``mage --help`` stays fast.
+or a help text cannot drift between the Python API and the command line. A setting that
+is a run-config key (how an agent plays, K, the protocol, the seat) takes its choices and
+its default for agents without a run from :class:`~mage_rl.config.RunConfig`
+(:func:`from_run`), so the two cannot drift either. The module imports nothing heavy
+(the config is pydantic alone), so ``mage --help`` stays fast.
 
 The evaluation sampling (:data:`EVAL_TEMPERATURE`, :data:`EVAL_TOP_P`, :data:`EVAL_TOP_K`)
 and seed (:data:`EVAL_SEED`) are also the defaults of the periodic evaluation during
@@ -15,9 +18,11 @@ training (``eval:`` in a training config).
 from __future__ import annotations
 
 import argparse
+import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
+from mage_rl.config import RunConfig
 from mage_rl.defaults import EVAL_SEED, EVAL_TEMPERATURE, EVAL_TOP_K, EVAL_TOP_P
 
 
@@ -37,6 +42,30 @@ def setting(
     if factory is not MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def _run_field(key: str) -> Any:
+    """The pydantic field of a dotted run-config key (``"meta.layout"``)."""
+    model: Any = RunConfig
+    *sections, name = key.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return model.model_fields[name]
+
+
+def from_run(key: str, help: str, *, otherwise: str | None = None, **kwargs: Any) -> Any:  # noqa: A002
+    """A setting that is the run-config key ``key``, left ``None`` to take the agents' runs'
+    value: its choices are the key's (a ``Literal``), and its help ends with the key and
+    the default an agent without a run gets (``otherwise`` to word it; else the key's
+    default)."""
+    spec = _run_field(key)
+    kind = typing.get_origin(spec.annotation)
+    choices = typing.get_args(spec.annotation) if kind is typing.Literal else None
+    if otherwise is None:
+        default = spec.get_default(call_default_factory=True)
+        otherwise = {True: "on", False: "off"}.get(default, str(default))
+    text = f"{help}, as {key} (default: the run's, else {otherwise})"
+    return setting(None, help=text, choices=choices, **kwargs)
 
 
 @dataclass(kw_only=True)
@@ -75,24 +104,19 @@ class EvalSettings:
         help="meta-episodes per task instance (above 1 the intervals, which treat "
         "meta-episodes as independent, come out somewhat too narrow)",
     )
-    episodes: int | None = setting(
-        None,
-        aliases=("-k",),
-        help="K, episodes per meta-episode; success@k for k = 1..K (default: the trained "
-        "agents' K, else 3)",
+    episodes: int | None = from_run(
+        "meta.episodes", "K, episodes per meta-episode; success@k for k = 1..K", aliases=("-k",)
     )
     seed: int = setting(EVAL_SEED, help="base seed of the task instances")
-    seat: str | None = setting(
-        None,
-        help="agent seat: first, second or sampled (drawn from each task seed); "
-        "single-agent environments (Sokoban) always use their one seat (default: the "
-        "trained agents' env.seat, else sampled)",
+    seat: str | None = from_run(
+        "env.seat",
+        "agent seat: first, second or sampled (drawn from each task seed); single-agent "
+        "environments (Sokoban) always use their one seat",
     )
-    protocol: str | None = setting(
-        None,
-        choices=("replay", "fresh"),
-        help="replay: every episode replays one deal/board (paper); fresh: new deal each "
-        "against the same opponent (default: the trained agents' env.protocol, else replay)",
+    protocol: str | None = from_run(
+        "env.protocol",
+        "replay: every episode replays one deal/board (paper); fresh: new deal each "
+        "against the same opponent",
     )
     temperature: float = setting(EVAL_TEMPERATURE, help="sampling temperature (paper eval: 0.7)")
     top_p: float = setting(EVAL_TOP_P, help="nucleus truncation (paper: 0.8)")
@@ -109,48 +133,28 @@ class EvalSettings:
     )
     # How an agent plays (mage_rl.players.play_settings.PLAY_KEYS): unset, a trained agent plays as
     # its run's config says and any other agent as the defaults below.
-    context: str | None = setting(
-        None,
-        choices=("reflection", "history", "history+reflection", "none"),
-        help="what earlier episodes put into play prompts, as meta.context (default: the "
-        "run's; reflection for other agents; react keeps none)",
+    context: str | None = from_run(
+        "meta.context",
+        "what earlier episodes put into play prompts",
+        otherwise="reflection; react keeps none",
     )
-    layout: str | None = setting(
-        None,
-        choices=("rerendered", "conversation"),
-        help="prompt layout, as meta.layout (default: the run's, else rerendered)",
+    layout: str | None = from_run("meta.layout", "prompt layout")
+    prompt: str | None = from_run("meta.prompt", "play-prompt template")
+    stop_on_success: bool | None = from_run(
+        "meta.stop_on_success",
+        "end a meta-episode at its first win, so success@k is Pass@k; turn off to play "
+        "all K episodes, e.g. for ev@k",
     )
-    prompt: str | None = setting(
-        None,
-        choices=("standard", "compact"),
-        help="play-prompt template, as meta.prompt (default: the run's, else standard)",
+    constrain_actions: bool | None = from_run(
+        "policy.constrain_actions", "constrained decoding on play turns (local models)"
     )
-    stop_on_success: bool | None = setting(
-        None,
-        help="end a meta-episode at its first win, so success@k is Pass@k, as "
-        "meta.stop_on_success; turn off to play all K episodes, e.g. for ev@k (default: "
-        "the run's, else on)",
+    max_tokens: int | None = from_run(
+        "policy.max_tokens", "token budget of a play turn (reflect turns get twice as many)"
     )
-    constrain_actions: bool | None = setting(
-        None,
-        help="constrained decoding on play turns (local models), as "
-        "policy.constrain_actions (default: the run's, else off)",
+    max_turns: int | None = from_run(
+        "env.max_turns", "agent turns per episode, invalid ones included", otherwise="the game's"
     )
-    max_tokens: int | None = setting(
-        None,
-        help="token budget of a play turn, as policy.max_tokens; reflect turns get twice "
-        "as many (default: the run's, else 96)",
-    )
-    max_turns: int | None = setting(
-        None,
-        help="agent turns per episode, invalid ones included, as env.max_turns (default: "
-        "the run's, else the game's)",
-    )
-    dtype: str | None = setting(
-        None,
-        choices=("auto", "bf16", "fp32"),
-        help="local models' compute dtype, as policy.dtype (default: the run's, else auto)",
-    )
+    dtype: str | None = from_run("policy.dtype", "local models' compute dtype")
 
 
 _TYPES = {"int": int, "float": float, "str": str}

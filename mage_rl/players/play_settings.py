@@ -24,13 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ValidationError
+
+from mage_rl.config import RunConfig
+from mage_rl.config_yaml import BASE_DIR_KEY, describe_error, parse_overrides, read_yaml, set_path
 from mage_rl.envs import Population, env_spec
 from mage_rl.envs.llm_opponent import without_self
 from mage_rl.envs.names import canonical_game
 from mage_rl.train_folder import CONFIG_FILE, find_run
 
 if TYPE_CHECKING:
-    from mage_rl.config import RunConfig
     from mage_rl.eval.agents import AgentSpec
 
 logger = logging.getLogger(__name__)
@@ -60,13 +63,26 @@ CONDITION_KEYS: dict[str, str] = {
 }
 """Shared conditions that default to the agents' runs, and the run-config key of each."""
 
-CONDITION_DEFAULTS: dict[str, Any] = {
-    "envs": ["kuhn_poker"],
-    "opponents": "train",
-    "episodes": 3,
-    "protocol": "replay",
-    "seat": "sampled",
-}
+
+@functools.cache
+def _run_defaults() -> dict[str, Any]:
+    return RunConfig().model_dump(mode="json")
+
+
+def run_default(key: str) -> Any:
+    """The default of a run-config key (``"meta.layout"`` -> ``"rerendered"``): what an
+    agent without a training run plays with."""
+    return copy.deepcopy(get_path(_run_defaults(), key))
+
+
+def condition_defaults() -> dict[str, Any]:
+    """The conditions of an evaluation whose agents have no run: the run config's
+    defaults, except the opponents, which are the training set of each game."""
+    out = {name: run_default(key) for name, key in CONDITION_KEYS.items()}
+    out["envs"] = [out["envs"]]
+    out["opponents"] = "train"
+    return out
+
 
 GRAPH_CONTEXT = {"react": "none", "reflexion": "reflection"}
 """The context these built-in graphs fix whatever they are given."""
@@ -74,19 +90,10 @@ GRAPH_CONTEXT = {"react": "none", "reflexion": "reflection"}
 
 def play_defaults(style: str) -> dict[str, Any]:
     """The play settings of an agent that has no training run."""
-    return {
-        "agent": style,
-        "plugins": [],
-        "engine": "local",
-        "dtype": "auto",
-        "layout": "rerendered",
-        "context": GRAPH_CONTEXT.get(style, "reflection"),
-        "prompt": "standard",
-        "constrain_actions": False,
-        "max_tokens": 96,
-        "max_turns": None,
-        "stop_on_success": True,
-    }
+    play = {name: run_default(key) for name, key in PLAY_KEYS.items()}
+    play["agent"] = style
+    play["context"] = GRAPH_CONTEXT.get(style, play["context"])
+    return play
 
 
 def get_path(data: dict[str, Any], dotted: str) -> Any:
@@ -101,11 +108,6 @@ def get_path(data: dict[str, Any], dotted: str) -> Any:
 
 @functools.cache
 def _saved_config(run_dir: str) -> dict[str, Any]:
-    from pydantic import BaseModel, ValidationError
-
-    from mage_rl.config import RunConfig
-    from mage_rl.config_yaml import BASE_DIR_KEY, describe_error, read_yaml
-
     path = Path(run_dir) / CONFIG_FILE
     raw = read_yaml(path)
     # Only the sections that say how the agent plays; the training sections of an older
@@ -160,7 +162,7 @@ def resolve_conditions(settings: Any, agents: list[AgentSpec]) -> dict[str, Any]
             envs = [canonical_game(e) for e in out.get("envs") or settings.envs]
             trained = {get_path(c, "env.name") for c in configs.values()}
             if envs != sorted(trained):  # the runs' populations play another game
-                out[name] = CONDITION_DEFAULTS[name]
+                out[name] = condition_defaults()[name]
                 continue
         values = {label: get_path(c, key) for label, c in configs.items()}
         distinct = {repr(v) for v in values.values()}
@@ -171,7 +173,7 @@ def resolve_conditions(settings: Any, agents: list[AgentSpec]) -> dict[str, Any]
                 f"the agents' runs differ in {key} ({listed}); say which to use with {flag}"
             )
         if not values:
-            out[name] = copy.deepcopy(CONDITION_DEFAULTS[name])
+            out[name] = condition_defaults()[name]
         else:
             value = next(iter(values.values()))
             if name == "opponents":  # a self-play run is evaluated against the rest
@@ -228,11 +230,6 @@ def agent_config(agent: AgentSpec, env: str, settings: Any, population: str) -> 
     Raises:
         ValueError: The settings break a rule of the run config (the key is named).
     """
-    from pydantic import ValidationError
-
-    from mage_rl.config import RunConfig
-    from mage_rl.config_yaml import describe_error, set_path
-
     data = run_config(agent.run) if agent.run else {}
     data.pop("rollout", None)
     values = {key: agent.play[name] for name, key in PLAY_KEYS.items()}
@@ -265,9 +262,6 @@ def trained_config(run: str | Path, overrides: list[str] | None = None) -> tuple
     Raises:
         ValueError: ``run`` is no training run, or an override breaks a config rule.
     """
-    from mage_rl.config import RunConfig
-    from mage_rl.config_yaml import parse_overrides, set_path
-
     found = find_run(str(run))
     if found is None:
         raise ValueError(

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +81,7 @@ class LearnerCheckpoints:
             meta = {
                 "step": self.step,
                 "lora": self.config.lora,
-                "config": asdict(self.config),
+                "config": self.config.model_dump(),
             }
             (tmp / "learner.json").write_text(json.dumps(meta, indent=2))
         except Exception:

@@ -265,6 +265,35 @@ def test_every_setting_is_a_flag_with_its_help() -> None:
     assert actions["envs"].option_strings == ["--env"]
 
 
+def test_settings_that_are_run_config_keys_take_its_choices_and_defaults() -> None:
+    """The flags of how an agent plays are the run config's keys: the same choices, and
+    an agent without a run plays the run config's defaults."""
+    from mage_rl.config import RunConfig
+    from mage_rl.eval.settings import EvalSettings
+    from mage_rl.players.play_settings import PLAY_KEYS, get_path, play_defaults
+
+    parser = argparse.ArgumentParser()
+    eval_cli.register(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["eval"]._actions}
+    assert actions["layout"].choices == ("rerendered", "conversation")
+    assert actions["protocol"].choices == ("replay", "fresh")
+    assert actions["dtype"].choices == ("auto", "bf16", "fp32")
+    assert "as meta.layout (default: the run's, else rerendered)" in actions["layout"].help
+    assert "else off" in actions["constrain_actions"].help
+    assert "else 96" in actions["max_tokens"].help
+    defaults = RunConfig().model_dump(mode="json")
+    for style, context in (("mage", "reflection"), ("react", "none")):
+        play = play_defaults(style)
+        for name, key in PLAY_KEYS.items():
+            if name not in ("agent", "context"):
+                assert play[name] == get_path(defaults, key), name
+        assert (play["agent"], play["context"]) == (style, context)
+    assert {f.name for f in dataclasses.fields(EvalSettings)} >= set(PLAY_KEYS) - {
+        "agent", "plugins", "engine"
+    }
+
+
 def test_cli_errors_are_messages(tmp_path, capsys) -> None:
     code = mage(
         ["eval", "--agent", "react", "--opponents", "nobody", *FAST, "--out", str(tmp_path)]

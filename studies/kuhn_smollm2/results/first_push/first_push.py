@@ -19,7 +19,6 @@ printed for the config's omega and for omega 4.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -37,7 +36,7 @@ cfg = load_config("configs/kuhn_smollm2.yaml", [], TrainConfig)
 
 def push(records: list[MetaEpisodeRecord], omega: float) -> float:
     """The batch's policy-gradient component along the BET-vs-PASS logit."""
-    adv_cfg = dataclasses.replace(cfg.advantages, omega=omega)
+    adv_cfg = cfg.advantages.model_copy(update={"omega": omega})
     total = 0.0
     for record, advantages in zip(
         records, compute_advantages(records, cfg.returns, adv_cfg), strict=True
