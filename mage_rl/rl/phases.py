@@ -15,9 +15,12 @@ A run of ``mage train`` spends its time in a few phases:
 iteration's rollout and learner seconds, a figure or two, the time elapsed and an
 estimate of the time left) and the phase table at the end, and keeps the table in the
 run folder (``phases.json``) after every iteration, so that a run stopped midway keeps
-what it measured. The report (``report.md``, ``report.json``) shows the same table. The process's resident
-memory goes with it: now, in each iteration's line, and at its peak, in the table and in
-``phases.json`` (``peak_rss_mb``, per session).
+what it measured. The report (``report.md``, ``report.json``) shows the same table. The
+process's resident memory goes with it: now, in each iteration's line; at its peak in
+each phase, a column of the table (``phase_peak_rss_mb`` in ``phases.json``), sampled
+every 50 ms by a thread of the clock; and at its peak over the session (``peak_rss_mb``).
+The sampler reads ``/proc`` and resets nothing, so ``/usr/bin/time -v`` still sees the
+whole process's peak.
 
 A resumed run adds its session to those before it, and its table sums them: it answers
 what the run cost and where that time went, and the iterations played again after a
@@ -32,6 +35,7 @@ import logging
 import os
 import resource
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,6 +97,38 @@ def peak_resident_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+class PeakSampler:
+    """The highest resident memory of this process between two :meth:`take` calls,
+    sampled every ``interval`` seconds on a daemon thread (``/proc``; Linux)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self._peak = resident_mb() or 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mage-rss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = resident_mb()
+            if now is not None:
+                with self._lock:
+                    self._peak = max(self._peak, now)
+
+    def take(self) -> float:
+        """The peak since the last call (or the start), in MiB; a new peak starts now."""
+        now = resident_mb() or 0.0
+        with self._lock:
+            peak, self._peak = max(self._peak, now), now
+        return peak
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
 def clock_text(seconds: float) -> str:
     """``M:SS`` (``H:MM:SS`` from an hour on)."""
     s = max(0, int(round(seconds)))
@@ -132,19 +168,36 @@ class RunClock:
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("%s is unreadable (%s): its sessions are left out", self.path, exc)
         self.iteration = start_iteration
+        self.phase_peaks: dict[str, float] = {}
+        """The highest resident memory seen in each phase (MiB)."""
+        self.sampler = PeakSampler() if resident_mb() is not None else None
 
     # -- measuring -----------------------------------------------------------------------
 
     def add(self, name: str, seconds: float, note: str | None = None) -> None:
-        """Add ``seconds`` to phase ``name`` (``note``: a word for its table row)."""
+        """Add ``seconds`` to phase ``name``, which has just ended (``note``: a word for
+        its table row). The memory peak since the previous phase ended is its; the first
+        phase (set-up) takes the process's peak since it started."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
         if note:
             self.notes[name] = note
+        if self.sampler is not None:
+            peak = self.sampler.take()
+            if not self.phase_peaks:
+                peak = max(peak, peak_resident_mb())
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0.0), peak)
+
+    def close(self) -> None:
+        """Stop sampling the memory (the figures stay)."""
+        if self.sampler is not None:
+            self.sampler.close()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as phase ``name`` (also when it raises)."""
         t0 = self.running.setdefault(name, time.perf_counter())
+        if self.sampler is not None and self.phase_peaks:
+            self.sampler.take()  # what came since the last phase is no phase's
         try:
             yield
         finally:
@@ -205,7 +258,8 @@ class RunClock:
             "wall_s": round(self.elapsed(), 3),
             "seconds": {k: round(v, 3) for k, v in seconds.items()},
             "notes": dict(self.notes),
-            "peak_rss_mb": round(peak_resident_mb(), 1),
+            "peak_rss_mb": round(max(peak_resident_mb(), *self.phase_peaks.values()), 1),
+            "phase_peak_rss_mb": {k: round(v, 1) for k, v in self.phase_peaks.items()},
         }
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -223,16 +277,22 @@ class RunClock:
         wall = sum(s["wall_s"] for s in sessions)
         totals: dict[str, float] = {}
         notes: dict[str, str] = {}
+        peak_of: dict[str, float] = {}
         for s in sessions:
             for name, secs in s["seconds"].items():
                 totals[name] = totals.get(name, 0.0) + secs
             notes.update(s.get("notes", {}))
+            for name, mb in (s.get("phase_peak_rss_mb") or {}).items():
+                peak_of[name] = max(peak_of.get(name, 0.0), mb)
         rows = [
-            {"phase": n, "seconds": round(totals[n], 1), "note": notes.get(n, "")}
+            {"phase": n, "seconds": round(totals[n], 1), "note": notes.get(n, ""),
+             "peak_rss_mb": peak_of.get(n)}
             for n in sorted(totals, key=_rank)  # stable: evaluations keep their order
-        ]
+        ]  # fmt: skip
         other = wall - sum(totals.values())
-        rows.append({"phase": OTHER, "seconds": round(max(0.0, other), 1), "note": ""})
+        rows.append(
+            {"phase": OTHER, "seconds": round(max(0.0, other), 1), "note": "", "peak_rss_mb": None}
+        )
         for row in rows:
             row["share"] = round(row["seconds"] / wall, 4) if wall > 0 else 0.0
         peaks = [s["peak_rss_mb"] for s in sessions if s.get("peak_rss_mb")]
@@ -242,11 +302,13 @@ class RunClock:
     def markdown(self) -> list[str]:
         """The phase table as markdown lines, with a line on the sessions it sums."""
         summary = self.summary()
-        lines = ["| phase | seconds | share |", "| --- | --- | --- |"]
+        lines = ["| phase | seconds | share | peak memory |", "| --- | --- | --- | --- |"]
         for r in summary["rows"]:
             name = r["phase"] + (f" ({r['note']})" if r["note"] else "")
-            lines.append(f"| {name} | {r['seconds']:.1f} | {100 * r['share']:.1f} % |")
-        lines.append(f"| total | {summary['wall_s']:.1f} | 100 % |")
+            lines.append(f"| {name} | {r['seconds']:.1f} | {100 * r['share']:.1f} % | {_gib(r)} |")
+        peak = summary["peak_rss_mb"]
+        total = f"{peak / 1024:.2f} GiB" if peak else "–"
+        lines.append(f"| total | {summary['wall_s']:.1f} | 100 % | {total} |")
         if summary["peak_rss_mb"]:
             lines += ["", f"Peak resident memory: {summary['peak_rss_mb'] / 1024:.2f} GiB."]
         sessions = summary["sessions"]
@@ -268,7 +330,14 @@ class RunClock:
         for r in summary["rows"]:
             note = f" ({r['note']})" if r["note"] else ""
             logger.info(
-                "  %-38s %8.1f s %5.1f %%", r["phase"] + note, r["seconds"], 100 * r["share"]
-            )
+                "  %-38s %8.1f s %5.1f %%  peak %s",
+                r["phase"] + note, r["seconds"], 100 * r["share"], _gib(r),
+            )  # fmt: skip
         if summary["peak_rss_mb"]:
             logger.info("peak resident memory: %.2f GiB", summary["peak_rss_mb"] / 1024)
+
+
+def _gib(row: dict[str, Any]) -> str:
+    """A table row's memory peak in GiB, or a dash where it was not measured."""
+    mb = row.get("peak_rss_mb")
+    return f"{mb / 1024:.2f} GiB" if mb else "–"

@@ -400,7 +400,10 @@ class Trainer:
             raise
         finally:
             self._close(finished)
-        return self._finish()
+        try:
+            return self._finish()
+        finally:
+            self.clock.close()
 
     def step(self, iteration: int, bars: TrainingBars) -> None:
         """One iteration: rollouts, the update, the batch's samples, an evaluation when
@@ -411,10 +414,10 @@ class Trainer:
         records = self.rollout(iteration, on_done=bars.advance)
         release_free_memory()  # what the engine freed, before the learner allocates
         t1 = time.perf_counter()
+        self.clock.add(ROLLOUTS, t1 - t0)
         stats = self.learn(records)
         release_free_memory()  # the update's activations and gradients
         t2 = time.perf_counter()
-        self.clock.add(ROLLOUTS, t1 - t0)
         self.clock.add(LEARNER, t2 - t1)
         self.iteration = iteration + 1
         scalars = self._scalars(records, stats, t1 - t0, t2 - t1)

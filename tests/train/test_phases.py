@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ OVERRIDES = ["train.iterations=1", "eval.tasks=2", "eval.before=true",
 def table_seconds(report: str) -> tuple[dict[str, float], float]:
     """The rows of report.md's phase table (seconds by phase) and its total."""
     section = report.split("## Where the time went", 1)[1]
-    rows = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| [\d.]+ % \|$", section, re.M))
+    rows = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| [\d.]+ % \| [^|]+ \|$", section, re.M))
     seconds = {name: float(value) for name, value in rows.items()}
     return seconds, seconds.pop("total")
 
@@ -41,7 +42,34 @@ def test_clock_rows_add_up_to_the_wall_time(tmp_path: Path) -> None:
     assert list(rows) == [SETUP, EVAL_BEFORE + "untrained", ROLLOUTS, LEARNER, OTHER]
     assert rows[ROLLOUTS]["seconds"] == 20.0 and rows[OTHER]["seconds"] == 20.0
     assert sum(r["share"] for r in summary["rows"]) == pytest.approx(1.0)
-    assert "| evaluation before: untrained (cached) | 20.0 | 20.0 % |" in clock.markdown()
+    rows_md = clock.markdown()
+    assert any(
+        r.startswith("| evaluation before: untrained (cached) | 20.0 | 20.0 % | ") for r in rows_md
+    )
+    clock.close()
+
+
+def test_each_phase_keeps_its_memory_peak(tmp_path: Path) -> None:
+    """A block held for a while inside one phase raises that phase's peak, not the next
+    one's; the session's peak is the highest of all."""
+    clock = RunClock(tmp_path, started=0.0, start_iteration=0, iterations=1)
+    try:
+        clock.add(SETUP, 1.0)
+        block = bytearray(300 * 2**20)
+        block[::4096] = b"x" * len(range(0, len(block), 4096))  # touch every page
+        time.sleep(0.4)  # the sampler reads every 50 ms
+        del block
+        clock.add(ROLLOUTS, 1.0)
+        time.sleep(0.2)
+        clock.add(LEARNER, 1.0)
+    finally:
+        clock.close()
+    peaks = clock.session()["phase_peak_rss_mb"]
+    assert peaks[ROLLOUTS] - peaks[LEARNER] > 250, peaks
+    assert clock.session()["peak_rss_mb"] >= peaks[ROLLOUTS]
+    rows = {r["phase"]: r for r in clock.summary()["rows"]}
+    assert rows[ROLLOUTS]["peak_rss_mb"] == peaks[ROLLOUTS] and rows[OTHER]["peak_rss_mb"] is None
+    assert any(" GiB |" in line for line in clock.markdown())
 
 
 def test_a_resumed_clock_adds_the_earlier_sessions(tmp_path: Path) -> None:
