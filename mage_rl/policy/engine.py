@@ -335,7 +335,8 @@ class LocalEngine:
         logger.info("engine %s loaded weights version %d", self.name, self.weight_version)
 
     def close(self) -> None:
-        """Stop the worker thread; waiting and later requests get :class:`EngineClosedError`."""
+        """Stop the worker thread; waiting and later requests get :class:`EngineClosedError`.
+        The stored prefixes are dropped (they can take a gigabyte)."""
         with self._start_lock:
             self._closed = True
             worker = self._worker
@@ -343,6 +344,8 @@ class LocalEngine:
             self._queue.put(_SHUTDOWN)
             worker.join()
         self._fail_pending()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def __enter__(self) -> LocalEngine:
         return self

@@ -498,6 +498,7 @@ class Trainer:
     def _finish(self) -> dict[str, Any]:
         """Write the report (when the run was evaluated) and the phase table; return the
         run's paths and its last evaluation."""
+        release_free_memory()  # what the closed engine held, before the report loads models
         checkpoint = latest_checkpoint(self.run_dir)
         written: dict[str, Any] = {}
         if self.last_eval is not None:
