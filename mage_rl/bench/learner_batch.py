@@ -11,11 +11,15 @@ What it measures:
    gradients). In fp32 they agree to about 1e-6; in bf16 any two layouts round
    differently, so the same mini-batch fed padded one sample per pass is measured too,
    as the scale of that rounding.
-3. Time ``Learner.update`` on each batch with each layout, alternating (tree, padded,
-   tree, ...), ``repeats`` times after one untimed warm-up each; the shuffling seed is
-   reset before every update so both layouts cut the same mini-batches. The updates
-   move the weights a little (the config's learning rate), which costs the same either
-   way.
+3. Time ``Learner.update`` on each batch with each layout, alternating (paths, tree,
+   padded, paths, ...), ``repeats`` times after one untimed warm-up each; the shuffling
+   seed is reset before every update so the layouts cut the same mini-batches. The
+   updates move the weights a little (the config's learning rate), which costs the same
+   either way.
+
+The layouts: ``padded`` (one right-padded row per sample), ``tree`` (prefix trees, every
+tree attending under its mask) and ``paths`` (prefix trees as training feeds them: a tree
+attends along its paths where that is cheaper, :data:`~mage_rl.rl.prefix_tree.PATHS_MIN_RATIO`).
 
 Reported per layout: the fastest update, the samples' tokens (every pass of the update,
 the rescoring pass included) and the tokens the model computed for them (padding
@@ -25,6 +29,7 @@ included, or tree nodes), the samples' tokens per second, and the ratios.
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,7 +39,7 @@ from mage_rl.api import load_config
 
 logger = logging.getLogger(__name__)
 
-LAYOUTS = ("padded", "tree")
+LAYOUTS = ("padded", "tree", "paths")
 
 
 def bench_learner_batch(
@@ -64,11 +69,13 @@ def bench_learner_batch(
     """
     import torch
 
+    from mage_rl.rl import prefix_tree
     from mage_rl.rl.trainer import Trainer
 
     if batches < 1 or repeats < 1:
         raise ValueError(f"batches and repeats must be >= 1, got {batches}, {repeats}")
     cfg = load_config(config, [*sets, "eval.tasks=0", "eval.before=false"])
+    shipped = prefix_tree.PATHS_MIN_RATIO
     with tempfile.TemporaryDirectory(prefix="mage-bench-learner-") as scratch:
         trainer = Trainer(cfg, scratch, progress=False)
         try:
@@ -86,7 +93,7 @@ def bench_learner_batch(
                 played.append(trainer.samples(records))
                 logger.info("bench learner-batch: batch %d played in %.1f s", it,
                             time.perf_counter() - start)  # fmt: skip
-            agreement = _agreement(learner, played[0], old, explore)
+            agreement = _agreement(learner, played[0], old, explore, shipped)
             layouts: dict[str, dict[str, Any]] = {
                 name: {"update_s": 0.0, "repeat_s": [], "sample_tokens": 0.0, "fed_tokens": 0.0}
                 for name in LAYOUTS
@@ -97,8 +104,8 @@ def bench_learner_batch(
                 fed: dict[str, float] = {}
                 timings: dict[str, list[float]] = {name: [] for name in LAYOUTS}
                 for round_ in range(repeats + 1):
-                    for name in ("tree", "padded"):
-                        learner.tree = name == "tree"
+                    for name in ("paths", "tree", "padded"):
+                        _set_layout(learner, name, shipped)
                         learner._generator.set_state(seed_state)
                         start = time.perf_counter()
                         stats = learner.update(samples, old_logprobs=old, explore=explore)
@@ -118,12 +125,12 @@ def bench_learner_batch(
                     "sample_tokens": sample_tokens,
                     "fed_tokens": fed,
                 })  # fmt: skip
-            learner.tree = True
         finally:
+            _set_layout(trainer.learner, "paths", shipped)
             trainer.engine.close()
     for entry in layouts.values():
         entry["tokens_per_s"] = entry["sample_tokens"] / entry["update_s"]
-    padded, tree = layouts["padded"], layouts["tree"]
+    padded, tree, paths = layouts["padded"], layouts["tree"], layouts["paths"]
     return {
         "config": {
             "config": config,
@@ -143,11 +150,23 @@ def bench_learner_batch(
         "ratios": {
             "update_s": padded["update_s"] / tree["update_s"],
             "fed_tokens": padded["fed_tokens"] / tree["fed_tokens"],
+            "tree_over_paths_update_s": tree["update_s"] / paths["update_s"],
         },
     }
 
 
-def _agreement(learner: Any, samples: list[Any], old: str, explore: float) -> dict[str, Any]:
+def _set_layout(learner: Any, name: str, shipped: float) -> None:
+    """Feed ``learner`` padded rows, trees under their masks, or trees as training does
+    (``shipped``: :data:`~mage_rl.rl.prefix_tree.PATHS_MIN_RATIO` as the process began)."""
+    from mage_rl.rl import prefix_tree  # defers torch
+
+    learner.tree = name != "padded"
+    prefix_tree.PATHS_MIN_RATIO = math.inf if name == "tree" else shipped
+
+
+def _agreement(
+    learner: Any, samples: list[Any], old: str, explore: float, shipped: float
+) -> dict[str, Any]:
     """One mini-batch's loss terms and gradient under each layout, on the same weights."""
     import torch
 
@@ -167,7 +186,7 @@ def _agreement(learner: Any, samples: list[Any], old: str, explore: float) -> di
     # "rows": padded again, one sample per pass, which rounds differently from "padded"
     # in bf16 and so tells how far apart two equivalent layouts land in this dtype.
     for name in (*LAYOUTS, "rows"):
-        learner.tree = name == "tree"
+        _set_layout(learner, "padded" if name == "rows" else name, shipped)
         if name == "rows":
             learner.config = config.model_copy(update={"micro_batch_tokens": 1})
         learner.optimizer.zero_grad(set_to_none=True)
@@ -176,9 +195,10 @@ def _agreement(learner: Any, samples: list[Any], old: str, explore: float) -> di
         grads[name] = torch.cat([p.grad.flatten() for p in learner.params if p.grad is not None])
     learner.config = config
     learner.optimizer.zero_grad(set_to_none=True)
-    learner.tree = True
+    _set_layout(learner, "paths", shipped)
     norm = grads["padded"].norm().clamp(min=1e-30)
     out["grad_relative_difference"] = float((grads["tree"] - grads["padded"]).norm() / norm)
+    out["grad_relative_difference_paths"] = float((grads["paths"] - grads["padded"]).norm() / norm)
     out["grad_relative_difference_rows"] = float((grads["rows"] - grads["padded"]).norm() / norm)
     out["samples"] = len(mini)
     return out
@@ -206,10 +226,12 @@ def format_learner_batch_report(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"padded / tree: {ratios['update_s']:.2f}x seconds, {ratios['fed_tokens']:.2f}x "
-        "tokens computed.",
+        f"tokens computed; tree / paths: {ratios['tree_over_paths_update_s']:.2f}x seconds.",
         f"One mini-batch of {agree['samples']} samples on the same weights: loss "
-        f"{agree['padded']['loss']:+.6f} padded, {agree['tree']['loss']:+.6f} tree; their "
-        f"gradients differ by {agree['grad_relative_difference']:.1e} of the norm (padded "
+        f"{agree['padded']['loss']:+.6f} padded, {agree['tree']['loss']:+.6f} tree, "
+        f"{agree['paths']['loss']:+.6f} paths; the trees' gradients differ from the padded "
+        f"one by {agree['grad_relative_difference']:.1e} and "
+        f"{agree['grad_relative_difference_paths']:.1e} of the norm (padded "
         f"one sample per pass: {agree['grad_relative_difference_rows']:.1e}, the rounding "
         "of this dtype).",
     ]

@@ -351,6 +351,10 @@ class MicroBatch:
             ``attention_mask`` the tree's ``(1, 1, N, N)`` mask, and ``positions`` the
             node whose logits predict each trained token of each sample. ``None`` for
             right-padded rows.
+        tree_paths: For a tree whose attention runs along its paths
+            (:meth:`~mage_rl.rl.prefix_tree.PrefixTree.attends_along_paths`), its
+            ``(index, owner)`` (:meth:`~mage_rl.rl.prefix_tree.PrefixTree.path_index`),
+            passed to the model for :mod:`mage_rl.rl.path_attention`; ``None`` otherwise.
     """
 
     input_ids: torch.Tensor
@@ -364,6 +368,7 @@ class MicroBatch:
     allowed_index: torch.Tensor | None = None
     conversation: bool = False
     position_ids: torch.Tensor | None = None
+    tree_paths: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def tree(self) -> bool:
@@ -391,12 +396,16 @@ class MicroBatch:
         }
         allowed = None if self.allowed_index is None else self.allowed_index.to(device)
         position_ids = None if self.position_ids is None else self.position_ids.to(device)
+        paths = None
+        if self.tree_paths is not None:
+            paths = (self.tree_paths[0].to(device), self.tree_paths[1].to(device))
         return MicroBatch(
             **moved,
             min_prompt_len=self.min_prompt_len,
             allowed_index=allowed,
             conversation=self.conversation,
             position_ids=position_ids,
+            tree_paths=paths,
         )
 
 
@@ -477,4 +486,5 @@ def collate_tree(samples: Sequence[TrainingSample], pad_id: int = 0) -> MicroBat
         position_ids=torch.tensor([tree.depths], dtype=torch.long),
         min_prompt_len=0,
         conversation=True,
+        tree_paths=tree.path_index() if tree.attends_along_paths() else None,
     )

@@ -66,6 +66,7 @@ from mage_rl.rl.loss_terms import LOSS_TERMS, LossInputs
 from mage_rl.rl.model_setup import (
     accepts_logits_to_keep,
     accepts_tree_mask,
+    attend_along_paths,
     make_reference,
     prepare_policy,
     resolve_autocast_dtype,
@@ -129,6 +130,10 @@ class Learner(LearnerCheckpoints):
         self.tree = self.config.prefix_tree and all(
             accepts_tree_mask(m) for m in (self.model, self.ref_model) if m is not None
         )
+        if self.tree:  # trees that share little attend along their paths
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    attend_along_paths(m)
         if self.ref_model is not None:
             self._keep_logits[id(self.ref_model)] = accepts_logits_to_keep(self.ref_model)
 
@@ -150,13 +155,17 @@ class Learner(LearnerCheckpoints):
         if batch.tree:
             rows, trained = batch.positions.shape
             keep = batch.positions.reshape(1, -1)
+            if self._keep_logits.get(id(model)):
+                kwargs["logits_to_keep"] = keep
+            if batch.tree_paths is not None:
+                kwargs["tree_paths"] = batch.tree_paths
             with self._autocast():
                 out = model(
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids,
                     use_cache=False,
-                    **({"logits_to_keep": keep} if self._keep_logits.get(id(model)) else {}),
+                    **kwargs,
                 )
             logits = out.logits
             if logits.shape[1] != keep.shape[1]:  # the model returned every node's logits

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from mage_rl.policy.models import DType, cpu_supports_bf16
+from mage_rl.rl.path_attention import NAME as PATH_ATTENTION
+from mage_rl.rl.path_attention import use_path_attention
 from mage_rl.sections import LearnerConfig
 
 logger = logging.getLogger(__name__)
@@ -45,9 +47,8 @@ def is_peft_model(model: nn.Module) -> bool:
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:
     """Whether ``model.forward`` can skip the logits of prompt positions (HF ``logits_to_keep``)."""
-    base: Any = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
     try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
+        return "logits_to_keep" in inspect.signature(_base(model).forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -55,10 +56,22 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
 def accepts_tree_mask(model: nn.Module) -> bool:
     """Whether ``model`` attends under a custom boolean ``(B, 1, Q, K)`` mask with its own
     ``position_ids``, as a packed prefix tree needs: Hugging Face models running SDPA
-    attention (the default on CPUs and most GPUs)."""
-    base: Any = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
-    config = getattr(base, "config", None)
-    return getattr(config, "_attn_implementation", None) == "sdpa"
+    attention (the default on CPUs and most GPUs), or its path variant
+    (:mod:`mage_rl.rl.path_attention`) that a learner switched them to."""
+    config = getattr(_base(model), "config", None)
+    return getattr(config, "_attn_implementation", None) in ("sdpa", PATH_ATTENTION)
+
+
+def attend_along_paths(model: nn.Module) -> None:
+    """Switch a model that :func:`accepts_tree_mask` to attention along a tree's paths
+    when a batch carries them (:mod:`mage_rl.rl.path_attention`); other batches attend as
+    under SDPA."""
+    use_path_attention(_base(model))
+
+
+def _base(model: nn.Module) -> Any:
+    """The Hugging Face model under PEFT adapters, or ``model``."""
+    return model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
 
 
 def freeze(model: nn.Module) -> nn.Module:

@@ -22,6 +22,9 @@ def test_trees_compute_fewer_tokens_for_the_same_gradient(tmp_path, capsys) -> N
     assert tree["fed_tokens"] * 2 < padded["fed_tokens"]
     agree = doc["agreement"]
     assert agree["tree"]["loss"] == pytest.approx(agree["padded"]["loss"], rel=1e-5, abs=1e-7)
+    assert agree["paths"]["loss"] == pytest.approx(agree["padded"]["loss"], rel=1e-5, abs=1e-7)
     assert agree["grad_relative_difference"] < 1e-4
+    assert agree["grad_relative_difference_paths"] < 1e-4
+    assert doc["layouts"]["paths"]["fed_tokens"] == tree["fed_tokens"]
     assert doc["provenance"]["torch_threads"] == 1
-    assert "padded / tree" in capsys.readouterr().out
+    assert "tree / paths" in capsys.readouterr().out

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 
 import pytest
 import torch
 
 from mage_rl.policy.tiny import build_tiny
-from mage_rl.rl.batching import ConversationSample, Sample, collate, collate_tree
+from mage_rl.rl import prefix_tree
+from mage_rl.rl.batching import (
+    ConversationSample,
+    Sample,
+    collate,
+    collate_tree,
+    sequence_ids,
+)
 from mage_rl.rl.learner import Learner, LearnerConfig
 from mage_rl.rl.prefix_tree import build_prefix_tree, pack_tree_batches
 from tests.rl.test_conversation_learning import both_layouts
@@ -63,6 +71,56 @@ def test_trees_are_packed_under_the_node_budget() -> None:
     assert build_prefix_tree([[1, 2, 3]] * 5).size == 3
 
 
+@pytest.fixture(params=["paths", "mask"])
+def tree_attention(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every tree attends along its paths, or every tree under its mask."""
+    monkeypatch.setattr(
+        prefix_tree, "PATHS_MIN_RATIO", 0.0 if request.param == "paths" else math.inf
+    )
+    return str(request.param)
+
+
+def test_each_path_lists_its_nodes_and_each_node_has_one_owner() -> None:
+    real = build_prefix_tree(SEQUENCES).size
+    tree = build_prefix_tree(SEQUENCES).padded(8)
+    assert tree.size > real
+    index, owner = tree.path_index()
+    longest = max(map(len, SEQUENCES))
+    assert index.shape == (len(SEQUENCES), longest) and owner.shape == (tree.size,)
+    for s, path in enumerate(tree.paths):
+        assert index[s, : len(path)].tolist() == path
+    for node in range(tree.size):
+        if node >= real:  # pad nodes: no path reaches them
+            assert int(owner[node]) == 0
+            continue
+        s, j = divmod(int(owner[node]), longest)
+        assert tree.paths[s][j] == node
+
+
+def test_trees_that_share_little_attend_along_their_paths() -> None:
+    branches = [[1, *range(10 + 20 * k, 30 + 20 * k)] for k in range(4)]  # share one token
+    assert build_prefix_tree(branches).attends_along_paths()
+    shared = [[*range(100, 300), k] for k in range(4)]  # share 200 of 201 tokens
+    assert not build_prefix_tree(shared).attends_along_paths()
+
+
+def test_path_attention_gives_the_masks_hidden_states(tree_attention: str) -> None:
+    model = make_model()
+    learner = Learner(copy.deepcopy(model), LearnerConfig(dtype="fp32"))
+    samples = [Sample(list(s[:-1]), [s[-1]], [0.0], 1.0) for s in SEQUENCES if len(s) > 1]
+    batch = collate_tree(samples)
+    assert (batch.tree_paths is not None) == (tree_attention == "paths")
+    kwargs = {} if batch.tree_paths is None else {"tree_paths": batch.tree_paths}
+    with torch.no_grad():
+        got = learner.model(batch.input_ids, attention_mask=batch.attention_mask,
+                            position_ids=batch.position_ids, **kwargs).logits  # fmt: skip
+        want = model(batch.input_ids, attention_mask=batch.attention_mask,
+                     position_ids=batch.position_ids).logits  # fmt: skip
+    real = build_prefix_tree([sequence_ids(s) for s in samples]).size
+    assert batch.input_ids.shape[1] > real  # pad nodes too, whose outputs nothing reads
+    torch.testing.assert_close(got[0, :real], want[0, :real], rtol=1e-5, atol=1e-5)
+
+
 def _tree_and_padded(model: torch.nn.Module, **config: object) -> tuple[Learner, Learner]:
     settings = dict(dtype="fp32", lr=1e-3, entropy_coef=0.01, **config)
     tree = Learner(copy.deepcopy(model), LearnerConfig(prefix_tree=True, **settings))
@@ -106,7 +164,7 @@ def _assert_same_training(tree: Learner, padded: Learner, samples: list) -> None
 
 
 @pytest.mark.parametrize("budget", [10_000, 40])
-def test_per_call_samples_train_the_same_as_trees(budget: int) -> None:
+def test_per_call_samples_train_the_same_as_trees(budget: int, tree_attention: str) -> None:
     tree, padded = _tree_and_padded(make_model(), kl_coef=0.1, micro_batch_tokens=budget)
     samples = _shared_prompt_samples(padded)
     sequences = [[*s.prompt_ids, *s.response_ids] for s in samples]
@@ -116,7 +174,7 @@ def test_per_call_samples_train_the_same_as_trees(budget: int) -> None:
     _assert_same_training(tree, padded, samples)
 
 
-def test_conversations_train_the_same_as_trees() -> None:
+def test_conversations_train_the_same_as_trees(tree_attention: str) -> None:
     model, tokenizer = build_tiny(seed=0)
     tree, padded = _tree_and_padded(model, kl_coef=0.1)
     # Seeds 1 and 3 answer the first call alike, so their conversations share it too.
