@@ -127,13 +127,11 @@ class Learner(LearnerCheckpoints):
         self._keep_logits = {id(self.model): accepts_logits_to_keep(self.model)}
         # Prefix trees need an attention that takes a custom (N, N) mask; a reference
         # model must take it too, since it scores the same batches.
-        self.tree = self.config.prefix_tree and all(
-            accepts_tree_mask(m) for m in (self.model, self.ref_model) if m is not None
-        )
+        scorers = [m for m in (self.model, self.ref_model) if m is not None]
+        self.tree = self.config.prefix_tree and all(accepts_tree_mask(m) for m in scorers)
         if self.tree:  # trees that share little attend along their paths
-            for m in (self.model, self.ref_model):
-                if m is not None:
-                    attend_along_paths(m)
+            for m in scorers:
+                attend_along_paths(m)
         if self.ref_model is not None:
             self._keep_logits[id(self.ref_model)] = accepts_logits_to_keep(self.ref_model)
 
