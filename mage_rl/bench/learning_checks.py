@@ -26,9 +26,9 @@ from mage_rl.bench.learning import (
 )
 from mage_rl.config import TrainConfig, load_config
 from mage_rl.config_yaml import read_yaml
-from mage_rl.envs.rps import family_of
 from mage_rl.envs.rps_values import rps_values
-from mage_rl.eval.stats import bounded, mean_interval
+from mage_rl.eval.rps_families import family_table, rps_families
+from mage_rl.eval.stats import mean_interval
 from mage_rl.provenance import write_results
 from mage_rl.rl.advantages import compute_advantages
 from mage_rl.rl.batching import samples_from_records
@@ -425,36 +425,6 @@ def evaluate_checkpoint(
     return doc
 
 
-def rps_families(records: Sequence[dict[str, Any]], values: Any) -> dict[str, dict[str, Any]]:
-    """Per opponent family of the records (:data:`~mage_rl.envs.rps.FAMILIES`): the first
-    and the last round with 95 % intervals, the last minus the first paired, and the exact
-    references: the best constant move, the population's Bayes play of the last round
-    against this family (not knowing it), and the family's own Bayes last round (knowing
-    the family, not which of its opponents)."""
-    k = values.episodes
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        if len(record["episodes"]) == k:
-            groups.setdefault(family_of(record["opponent"]) or "other", []).append(record)
-    out = {}
-    for family, group in groups.items():
-        specs = sorted({r["opponent"] for r in group})
-        alone = rps_values(dict.fromkeys(specs, 1.0), k)
-        payoffs = [[float(e.get("payoff") or 0.0) for e in r["episodes"]] for r in group]
-        out[family] = {
-            "n": len(group),
-            "first": bounded(mean_interval([p[0] for p in payoffs]), -1.0, 1.0).to_dict(),
-            "last": bounded(mean_interval([p[-1] for p in payoffs]), -1.0, 1.0).to_dict(),
-            "last_minus_first": bounded(
-                mean_interval([p[-1] - p[0] for p in payoffs]), -2.0, 2.0
-            ).to_dict(),
-            "best_fixed": alone.best_fixed,
-            "bayes_last_population": values.families.get(family, {}).get("bayes_last"),
-            "bayes_last_family": alone.bayes_last,
-        }
-    return out
-
-
 def format_transfer(doc: dict[str, Any]) -> str:
     k = len(doc["ev_by_episode"])
     lines = [
@@ -479,17 +449,7 @@ def format_transfer(doc: dict[str, Any]) -> str:
         lines.append(f"answers beating the opponent's previous move (rounds 2..{k}): "
                      f"{fmt_estimate(doc['beats_last_shown'])}")  # fmt: skip
     if doc.get("families"):
-        lines += ["", "| family | n | first round | last round | last minus first (paired) | "
-                  "best fixed | Bayes last (population) | Bayes last (family known) |",
-                  "| --- | ---: | --- | --- | --- | ---: | ---: | ---: |"]  # fmt: skip
-        for name, f in doc["families"].items():
-            population = f["bayes_last_population"]
-            lines.append(
-                f"| {name} | {f['n']} | {fmt_estimate(f['first'], 3, True)} | "
-                f"{fmt_estimate(f['last'], 3, True)} | {fmt_estimate(f['last_minus_first'], 3, True)} | "
-                f"{f['best_fixed']:+.3f} | {'–' if population is None else f'{population:+.3f}'} | "
-                f"{f['bayes_last_family']:+.3f} |"
-            )
+        lines += ["", *family_table([("trained", doc["families"])])]
     lines += ["", f"last episode above the first, intervals apart: {doc['last_above_first']}",
               f"last episode better than the first, paired: {doc.get('last_better_than_first')}"]  # fmt: skip
     return "\n".join(lines)

@@ -18,6 +18,10 @@ minus losses (+1, 0, -1), averaged over the population's weights.
   posterior predictive of the opponent's next move, ties split evenly.
 - **Ceiling**: per opponent, the Bayes value of the last round when the agent knows which
   opponent it faces (not its random draws), averaged over the population.
+- **The previous-move rule** (``rule_by_round``): from round 2 on, play the move that
+  beats the opponent's previous move (round 1: each move 1 in 3). It is what an agent
+  trained against constant habits learns (the main job); its value against another
+  population says how far that one rule goes there without any model of the opponent.
 
 :func:`rps_values` computes them all; ``mage oracle rps`` prints them.
 """
@@ -57,10 +61,13 @@ class RpsValues:
         greedy_by_round: The value of each round under greedy play with memory.
         win_best_fixed, win_bayes_last: The win rates of the best constant move in the
             last round and of the last round's Bayes play (ties to the first move).
+        rule_by_round: The value of each round under the previous-move rule (see the
+            module docstring).
         families: Per opponent family present (:data:`~mage_rl.envs.rps.FAMILIES`;
             ``other`` for opponents outside them): its ``weight`` in the population, the
             last round's Bayes play against it (``bayes_last``, the population's play,
-            not knowing the family) and its ``ceiling``.
+            not knowing the family), its ``ceiling`` and the previous-move rule's last
+            round against it (``rule_last``).
     """
 
     population: dict[str, float]
@@ -76,6 +83,7 @@ class RpsValues:
     greedy_by_round: list[float]
     win_best_fixed: float
     win_bayes_last: float
+    rule_by_round: list[float]
     families: dict[str, dict[str, float]]
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +153,36 @@ def _bayes(
     return best((), weights)
 
 
+def previous_move_rule(history: tuple[Round, ...]) -> int | None:
+    """The move that beats the opponent's previous move; ``None`` (each move 1 in 3) in
+    the first round."""
+    return (history[-1][1] + 1) % 3 if history else None
+
+
+def _rule(models: Sequence[Model], k: int) -> np.ndarray:
+    """(opponents, k): the value of each round of :func:`previous_move_rule` against each
+    opponent."""
+    out = np.zeros((len(models), k))
+
+    def walk(history: tuple[Round, ...], w: np.ndarray) -> None:
+        t = len(history)
+        if t == k:
+            return
+        p = _probs(models, history)
+        move = previous_move_rule(history)
+        for m in range(3) if move is None else (move,):
+            share = 1 / 3 if move is None else 1.0
+            for o in range(3):
+                branch = w * share * p[:, o]
+                if branch.sum() <= 0:
+                    continue
+                out[:, t] += branch * PAYOFF[m, o]
+                walk((*history, (m, o)), branch)
+
+    walk((), np.ones(len(models)))
+    return out
+
+
 def _greedy(models: Sequence[Model], weights: np.ndarray, k: int) -> list[float]:
     """The value of each round when every round best-responds to the posterior
     predictive of the next move, moves of equal value taken with equal chance."""
@@ -194,18 +232,21 @@ def rps_values(population: dict[str, float], episodes: int = 3) -> RpsValues:
     alone = {
         s: _clean(_bayes([m], np.ones(1), k)[0][0]) for s, m in zip(specs, models, strict=True)
     }
+    rule = _rule(models, k)  # (opponents, k), each opponent alone
     families: dict[str, dict[str, float]] = {}
     by_opponent = {s: _clean(v / wt) for s, v, wt in zip(specs, last, weights, strict=True)}
-    for spec, weight in zip(specs, weights, strict=True):
+    for i, (spec, weight) in enumerate(zip(specs, weights, strict=True)):
         entry = families.setdefault(
-            family_of(spec) or "other", {"weight": 0.0, "bayes_last": 0.0, "ceiling": 0.0}
+            family_of(spec) or "other",
+            {"weight": 0.0, "bayes_last": 0.0, "ceiling": 0.0, "rule_last": 0.0},
         )
         entry["weight"] += weight
         entry["bayes_last"] += weight * by_opponent[spec]
         entry["ceiling"] += weight * alone[spec]
+        entry["rule_last"] += weight * rule[i, -1]
     for entry in families.values():
-        entry["bayes_last"] /= entry["weight"]
-        entry["ceiling"] /= entry["weight"]
+        for key in ("bayes_last", "ceiling", "rule_last"):
+            entry[key] = _clean(entry[key] / entry["weight"])
     return RpsValues(
         population=dict(zip(specs, weights, strict=True)),
         episodes=k,
@@ -222,5 +263,6 @@ def rps_values(population: dict[str, float], episodes: int = 3) -> RpsValues:
         greedy_by_round=[_clean(v) for v in _greedy(models, w, k)],
         win_best_fixed=_clean(fixed[move][-1, 1]),
         win_bayes_last=_clean(last_wins.sum()),
+        rule_by_round=[_clean(v) for v in w @ rule],
         families=families,
     )

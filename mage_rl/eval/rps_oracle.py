@@ -53,7 +53,8 @@ def print_rps_oracle(
         "most round t can earn when the rounds before it are played for it (they may "
         "probe, or set up an opponent that reacts to the agent's moves). greedy: every "
         "round best-responds to what the rounds before showed. ceiling: the Bayes value "
-        "of the last round against each opponent known, weighted."
+        "of the last round against each opponent known, weighted. previous-move rule: "
+        "answer what beats the opponent's previous move (the main job's rule)."
     )
     return 0
 
@@ -67,12 +68,15 @@ def _details(v: RpsValues, console: Any) -> None:
     rounds.add_row(f"best fixed ({v.best_fixed_move})", *(f"{x:+.4f}" for x in v.fixed_by_round))
     rounds.add_row("Bayes", *(f"{x:+.4f}" for x in v.bayes_by_round))
     rounds.add_row("greedy with memory", *(f"{x:+.4f}" for x in v.greedy_by_round))
+    rounds.add_row("previous-move rule", *(f"{x:+.4f}" for x in v.rule_by_round))
     console.print(rounds)
     families = Table(title=f"K = {v.episodes}, the last round by opponent family")
-    for name in ("family", "weight", "Bayes play of the population", "ceiling"):
+    for name in ("family", "weight", "Bayes play of the population", "ceiling",
+                 "previous-move rule"):  # fmt: skip
         families.add_column(name)
     for name, f in v.families.items():
         families.add_row(
-            name, f"{f['weight']:.3f}", f"{f['bayes_last']:+.4f}", f"{f['ceiling']:+.4f}"
-        )
+            name, f"{f['weight']:.3f}", f"{f['bayes_last']:+.4f}", f"{f['ceiling']:+.4f}",
+            f"{f['rule_last']:+.4f}",
+        )  # fmt: skip
     console.print(families)

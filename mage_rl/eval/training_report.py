@@ -32,6 +32,7 @@ from mage_rl.eval.decisions import (
 from mage_rl.eval.game_oracles import exploitation_values
 from mage_rl.eval.oracles import kuhn_oracle
 from mage_rl.eval.report_exploitability import exploitability_lines, first_episode_exploitability
+from mage_rl.eval.rps_families import family_table, rps_families
 from mage_rl.eval.stats import error_bar
 from mage_rl.eval.training import UNTRAINED, baseline_labels
 from mage_rl.eval.verdicts import (
@@ -253,6 +254,29 @@ def _plot(run_dir: Path, rows, oracle, k: int, final_iteration: int) -> Path:
     return out
 
 
+def _families(run_dir: Path, cfg: Any, final: str) -> dict[str, dict[str, Any]]:
+    """Rock-paper-scissors against opponents of several families: each agent's figures
+    by family (:func:`~mage_rl.eval.rps_families.rps_families`); empty otherwise."""
+    if cfg.env.name != "rock_paper_scissors":
+        return {}
+    from mage_rl import runtime
+
+    population = runtime.eval_population(cfg)
+    try:
+        values = rps_values(
+            dict(zip(population.specs, population.weights, strict=True)), cfg.meta.episodes
+        )
+    except ValueError:  # an opponent of a plugin without a model
+        return {}
+    if len(values.families) < 2:
+        return {}
+    out = {}
+    for name, path in _agents(run_dir, cfg, final, ".jsonl"):
+        with path.open() as lines:
+            out[name] = rps_families([json.loads(x) for x in lines if x.strip()], values)
+    return out
+
+
 def _cache_lines(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """A line naming the rows whose figures came from the evaluation cache, if any."""
     cached = [(name, s["cache"]) for name, s in rows if s.get("cache", {}).get("hit")]
@@ -345,6 +369,16 @@ def write_training_report(
                 f"- {seat} seat: best fixed {v['best_fixed']:+.4f}, ceiling {v['ceiling']:+.4f}"
                 f"{bayes}"
             )
+    families = _families(run_dir, cfg, final)
+    if families:
+        lines += [
+            "",
+            "By opponent family, wins minus losses per round, with each family's exact "
+            "references (`mage oracle rps`; the previous-move rule answers what beats the "
+            "opponent's previous move):",
+            "",
+            *family_table(list(families.items())),
+        ]
     base = run_config(run_dir)["policy"]["model"]
     trained = run_dir / "checkpoints" / final / "model"
     exploit = first_episode_exploitability(
@@ -374,6 +408,7 @@ def write_training_report(
         "verdict": verdict,
         "verdicts": found,
         "exploitability": exploit,
+        **({"families": families} if families else {}),
         **decision_counts,
         **({"phases": phases.summary()} if phases is not None else {}),
     }

@@ -158,7 +158,14 @@ def test_a_checkpoint_plays_other_opponents_as_its_config_trains(tmp_path: Path)
     assert family[1]["last_minus_first"]["mean"] == pytest.approx(doc["last_minus_first"]["mean"])
     assert family[1]["bayes_last_family"] == pytest.approx(0.192)
     assert family[1]["bayes_last_population"] == pytest.approx(0.192)
-    assert "| biased | 6 |" in format_transfer(doc)
+    assert family[1]["rule_last"] == pytest.approx(0.16)  # (0.6 - 0.2) squared
+    by_opponent = family[1]["last_by_opponent"]
+    assert sum(e["n"] for e in by_opponent.values()) == 6
+    assert sum(e["mean"] * e["n"] for e in by_opponent.values()) / 6 == pytest.approx(
+        family[1]["last"]["mean"]
+    )
+    assert "| biased | trained | 6 |" in format_transfer(doc)
+    assert "The last round by opponent, trained: mostly_" in format_transfer(doc)
     saved = json.loads((tmp_path / "transfer" / "transfer.json").read_text())
     assert saved["provenance"]["command"] and saved["checkpoint"] == str(checkpoint)
 

@@ -39,6 +39,30 @@ def test_values_by_hand() -> None:
         assert v.bayes_last_by_opponent and v.ceiling >= v.bayes_last >= v.best_fixed
 
 
+def test_the_previous_move_rule_by_hand() -> None:
+    """Answering what beats the opponent's previous move, from round 2 on."""
+    habits = rps_values(_family("habits"), 4)
+    assert habits.rule_by_round == pytest.approx([0.0, 1.0, 1.0, 1.0])
+    # The rule wins when the habit repeats and loses when the move after it follows the
+    # habit: (0.6 - 0.2) squared, every round from the second.
+    assert rps_values(_family("biased"), 4).rule_by_round[1:] == pytest.approx([0.16] * 3)
+    # A cycle one step up always plays what the rule's answer ties with, one step down
+    # what beats it; the reactive opponents follow the agent's moves, which the rule's
+    # random first move spreads evenly.
+    cycles = rps_values(_family("cycles"), 4)
+    assert cycles.rule_by_round[1:] == pytest.approx([-0.5] * 3)
+    assert rps_values(_family("reactive"), 4).rule_by_round == pytest.approx([0.0] * 4)
+    # Win-stay/lose-shift ties the rule for ever once it has not won; its mirror, which
+    # repeats after a draw or a loss, is beaten for ever from round 3 on.
+    outcome = rps_values(_family("outcome"), 4)
+    assert outcome.rule_by_round[2:] == pytest.approx([0.5, 0.5])
+    assert outcome.families["outcome"]["rule_last"] == pytest.approx(0.5)
+    mixed = rps_values({**_family("habits"), **_family("cycles")}, 3)
+    assert mixed.families["habits"]["rule_last"] == 1.0
+    assert mixed.families["cycles"]["rule_last"] == -0.5
+    assert mixed.rule_by_round[-1] == pytest.approx((3 * 1.0 + 2 * -0.5) / 5)
+
+
 def _brute_force(population: dict[str, float], k: int) -> tuple[float, float]:
     """The best last-round value over every deterministic policy, and the best constant
     move's. A policy is a move for every sequence of opponent moves seen so far (the

@@ -194,3 +194,59 @@ def test_a_perfect_score_plots_though_its_interval_ends_below_it(tmp_path: Path)
     rows = [("trained (iter_000020)", {"stratified": {"ev@k": [perfect]}})]
     path = _plot(tmp_path, rows, None, 1, 20)
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_report_against_several_rps_families_splits_them(tmp_path: Path) -> None:
+    """Each agent's first and last round per opponent family, with the family's exact
+    references; a population of one family gets no such table."""
+    from mage_rl.eval.rps_families import family_table
+    from mage_rl.eval.training_report import _families
+
+    config = Path(__file__).parents[2] / "configs" / "rps_families_smollm2.yaml"
+    cfg = load_config(config, [], TrainConfig)
+    (tmp_path / "eval").mkdir()
+    plays = {  # opponent -> the four rounds' payoffs of each of its meta-episodes
+        "always_rock": [(0, 1, 1, 1), (-1, 1, 1, 1)],
+        "cycle_down": [(1, -1, -1, -1)],
+        "copies_you": [(0, 0, 1, 1), (1, 0, 0, -1)],
+    }
+    records = [
+        {"opponent": f"rock_paper_scissors:{name}", "episodes": [{"payoff": p} for p in rounds]}
+        for name, games in plays.items()
+        for rounds in games
+    ]
+    records.append({"opponent": "rock_paper_scissors:beats_you", "episodes": [{"payoff": 1}]})
+    for label in ("untrained", "iter_000003"):
+        (tmp_path / "eval" / f"{label}.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in records) + "\n"
+        )
+    families = _families(tmp_path, cfg, "iter_000003")
+    assert set(families) == {"untrained", "trained (iter_000003)"}
+    found = families["untrained"]
+    assert set(found) == {"habits", "cycles", "reactive"}  # the unfinished one left out
+    assert found["habits"]["n"] == 2 and found["habits"]["first"]["mean"] == -0.5
+    assert found["habits"]["last_minus_first"]["mean"] == pytest.approx(1.5)
+    assert found["reactive"]["last"]["mean"] == 0.0 and found["reactive"]["n"] == 2
+    # The references are each family's alone: cycle_down alone is one family member.
+    assert found["cycles"]["rule_last"] == -1.0 and found["cycles"]["bayes_last_family"] == 1.0
+    assert found["habits"]["rule_last"] == 1.0 and found["reactive"]["rule_last"] == 0.0
+    assert found["habits"]["bayes_last_population"] == pytest.approx(
+        _population_bayes_last(cfg, "habits")
+    )
+    lines = family_table(list(families.items()))
+    assert "| habits | untrained | 2 | -0.500" in "\n".join(lines)
+    assert any(
+        line.startswith("The last round by opponent, untrained: always_rock +1.000")
+        for line in lines
+    )
+    main_job = load_config(config, ["env.population=rps_train"], TrainConfig)
+    assert _families(tmp_path, main_job, "iter_000003") == {}
+
+
+def _population_bayes_last(cfg, family: str) -> float:
+    from mage_rl import runtime
+    from mage_rl.envs.rps_values import rps_values
+
+    pop = runtime.eval_population(cfg)
+    values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), cfg.meta.episodes)
+    return values.families[family]["bayes_last"]
