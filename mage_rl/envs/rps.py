@@ -23,7 +23,9 @@ Opponents (``rps:NAME``), by family (:data:`FAMILIES`):
 - ``uniform``: each move with probability 1/3 (the Nash equilibrium; nothing to read).
 
 ``rps_families_train`` holds the habits, biased, reactive and cycle families, each weighing
-a quarter; ``rps_families_unseen`` the outcome family, held out. Every opponent is a
+a quarter; ``rps_families_unseen`` the outcome family, held out; ``rps_sequences_train``
+the habits and the cycles, each weighing a half (opponents whose next move follows from
+their own earlier moves). Every opponent is a
 :data:`Model`, the distribution of its next move given the earlier rounds, which the live
 opponent draws from and the exact values (:mod:`mage_rl.envs.rps_values`, ``mage oracle
 rps``) enumerate.
@@ -303,6 +305,7 @@ held-out family, ``outcome`` (the opponent reacts to its own previous result).""
 
 TRAIN_FAMILIES = ("habits", "reactive", "cycles", "biased")
 UNSEEN_FAMILIES = ("outcome",)
+SEQUENCE_FAMILIES = ("habits", "cycles")
 
 
 def family_of(spec: str) -> str | None:
@@ -327,3 +330,4 @@ def register_opponents() -> None:
     register_population("rps_unseen", ",".join(f"rps:mostly_{m.lower()}=1" for m in MOVES))
     register_population("rps_families_train", _families_population(TRAIN_FAMILIES))
     register_population("rps_families_unseen", _families_population(UNSEEN_FAMILIES))
+    register_population("rps_sequences_train", _families_population(SEQUENCE_FAMILIES))
