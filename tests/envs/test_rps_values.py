@@ -63,6 +63,20 @@ def test_the_previous_move_rule_by_hand() -> None:
     assert mixed.rule_by_round[-1] == pytest.approx((3 * 1.0 + 2 * -0.5) / 5)
 
 
+def test_the_sequence_population_is_told_apart_by_two_moves() -> None:
+    """Habits and cycles, a half each: the second round cannot tell a habit from a cycle
+    (a quarter of the way), two of the opponent's moves can (every later round won); the
+    previous-move rule keeps the habits' +1 and the cycles' -0.5."""
+    pop = Population.parse("rps_sequences_train", game="rock_paper_scissors")
+    assert {s.split(":")[1] for s in pop.specs} == {*FAMILIES["habits"], *FAMILIES["cycles"]}
+    values = rps_values(dict(zip(pop.specs, pop.weights, strict=True)), 4)
+    assert values.bayes_by_round == pytest.approx([0.0, 0.25, 1.0, 1.0])
+    assert values.rule_by_round == pytest.approx([0.0, 0.25, 0.25, 0.25])
+    assert {f: e["weight"] for f, e in values.families.items()} == pytest.approx(
+        {"habits": 0.5, "cycles": 0.5}
+    )
+
+
 def _brute_force(population: dict[str, float], k: int) -> tuple[float, float]:
     """The best last-round value over every deterministic policy, and the best constant
     move's. A policy is a move for every sequence of opponent moves seen so far (the
