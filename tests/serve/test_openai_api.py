@@ -121,7 +121,10 @@ def test_stream_matches_the_whole_response(client) -> None:
         if c["choices"] and c["choices"][0]["logprobs"]
         for e in c["choices"][0]["logprobs"]["content"]
     ]
-    assert streamed_lp == [e["logprob"] for e in whole["choices"][0]["logprobs"]["content"]]
+    # The same tokens from two requests; their log-probs agree to float rounding (they
+    # differed by 2e-6 once, with a training run sharing the two cores).
+    whole_lp = [e["logprob"] for e in whole["choices"][0]["logprobs"]["content"]]
+    assert streamed_lp == pytest.approx(whole_lp, abs=1e-4)
     finals = [
         c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
     ]
