@@ -10,6 +10,7 @@ from typing import Any
 from mage_rl.envs.rps import family_of
 from mage_rl.envs.rps_values import RpsValues, rps_values
 from mage_rl.eval.stats import bounded, mean_interval
+from mage_rl.eval.verdicts import fmt_payoff
 
 
 def rps_families(records: Sequence[dict[str, Any]], values: RpsValues) -> dict[str, dict[str, Any]]:
@@ -56,12 +57,6 @@ def _rate(payoffs: Sequence[float]) -> dict[str, Any]:
     return bounded(mean_interval(list(payoffs)), -1.0, 1.0).to_dict()
 
 
-def _estimate(est: dict[str, Any]) -> str:
-    if est.get("low") is None:
-        return f"{est['mean']:+.3f}"
-    return f"{est['mean']:+.3f} [{est['low']:+.3f}, {est['high']:+.3f}]"
-
-
 def family_table(agents: Sequence[tuple[str, dict[str, dict[str, Any]]]]) -> list[str]:
     """Markdown lines: one row per agent and family of :func:`rps_families`, with the
     exact references, then each opponent's last round."""
@@ -78,8 +73,8 @@ def family_table(agents: Sequence[tuple[str, dict[str, dict[str, Any]]]]) -> lis
                 continue
             population = f["bayes_last_population"]
             lines.append(
-                f"| {family} | {agent} | {f['n']} | {_estimate(f['first'])} | "
-                f"{_estimate(f['last'])} | {_estimate(f['last_minus_first'])} | "
+                f"| {family} | {agent} | {f['n']} | {fmt_payoff(f['first'])} | "
+                f"{fmt_payoff(f['last'])} | {fmt_payoff(f['last_minus_first'])} | "
                 f"{f['best_fixed']:+.3f} | {'–' if population is None else f'{population:+.3f}'} | "
                 f"{f['bayes_last_family']:+.3f} | {f['rule_last']:+.3f} |"
             )
@@ -88,7 +83,7 @@ def family_table(agents: Sequence[tuple[str, dict[str, dict[str, Any]]]]) -> lis
         lines.append(
             f"The last round by opponent, {agent}: "
             + "; ".join(
-                f"{spec.rpartition(':')[2]} {_estimate(est)} (n {est['n']})"
+                f"{spec.rpartition(':')[2]} {fmt_payoff(est)} (n {est['n']})"
                 for f in fams.values()
                 for spec, est in f["last_by_opponent"].items()
             )
