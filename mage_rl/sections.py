@@ -159,13 +159,6 @@ class LearnerConfig(Section):
         description="Shuffle samples before cutting mini-batches (seeded by seed), so a "
         "mini-batch mixes groups.",
     )
-    share_prefixes: bool = Field(
-        False,
-        description="Cut mini-batches from the samples sorted by their tokens, so that each "
-        "optimizer step trains samples that share long prefixes (rollouts that played "
-        "alike), which a prefix tree computes once; with shuffle, the steps then come in a "
-        "seeded random order. Each sample is still trained once per epoch.",
-    )
     seed: int = Field(
         0, description="Seed of the shuffling generator (saved and restored with checkpoints)."
     )

@@ -242,27 +242,14 @@ class Learner(LearnerCheckpoints):
             yield group, batch.to(self.device)
 
     def _mini_batches(self, items: Sequence[TrainingSample]) -> list[list[int]]:
-        """Cut the samples into mini-batches of ``mini_batch_size`` calls; each mini-batch
-        is a list of indices into ``items``.
-
-        With ``share_prefixes`` the cut runs over the samples sorted by their tokens, and
-        ``shuffle`` orders the mini-batches (seeded); otherwise ``shuffle`` orders the
-        samples before the cut."""
+        """Shuffle (seeded) and cut the samples into mini-batches of ``mini_batch_size``
+        calls; each mini-batch is a list of indices into ``items``."""
         cfg = self.config
-        calls = [s.num_calls for s in items]
-        if cfg.share_prefixes:
-            tokens = [sequence_ids(s) for s in items]
-            order = sorted(range(len(items)), key=lambda i: (tokens[i], i))
-            groups = cut_mini_batches(order, calls, cfg.mini_batch_size)
-            if cfg.shuffle:
-                steps = torch.randperm(len(groups), generator=self._generator).tolist()
-                groups = [groups[k] for k in steps]
-            return groups
         if cfg.shuffle:
             order = torch.randperm(len(items), generator=self._generator).tolist()
         else:
             order = list(range(len(items)))
-        return cut_mini_batches(order, calls, cfg.mini_batch_size)
+        return cut_mini_batches(order, [s.num_calls for s in items], cfg.mini_batch_size)
 
     def _refresh_later(
         self,

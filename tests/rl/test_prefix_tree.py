@@ -206,29 +206,3 @@ def test_models_without_sdpa_attention_get_padded_rows() -> None:
     model = make_model()
     model.config._attn_implementation = "eager"
     assert not Learner(model, LearnerConfig(dtype="fp32")).tree
-
-
-def test_mini_batches_that_share_prefixes_train_each_sample_once_and_compute_less() -> None:
-    config = dict(dtype="fp32", lr=1e-3, mini_batch_size=4, seed=3)
-    learner = Learner(make_model(), LearnerConfig(share_prefixes=True, **config))
-    samples = _shared_prompt_samples(learner)
-    rng = torch.Generator().manual_seed(0)
-    samples = [samples[i] for i in torch.randperm(len(samples), generator=rng).tolist()]
-    tokens = [sequence_ids(s) for s in samples]
-    # Each mini-batch is a run of the samples in token order; the steps come shuffled.
-    runs = sorted(range(len(samples)), key=lambda i: (tokens[i], i))
-    want = sorted(sorted(runs[k : k + 4]) for k in range(0, len(samples), 4))
-    orders = set()
-    for _ in range(4):
-        groups = learner._mini_batches(samples)
-        assert sorted(sorted(g) for g in groups) == want
-        orders.add(tuple(tuple(g) for g in groups))
-    assert len(orders) > 1
-    # Runs that share prompts are trees of fewer nodes than shuffled mini-batches.
-    nodes = {}
-    for share in (True, False):
-        learner.config.share_prefixes = share
-        groups = learner._mini_batches(samples)
-        nodes[share] = sum(build_prefix_tree([tokens[i] for i in g]).size for g in groups)
-    assert nodes[True] < nodes[False]
-    assert learner.update(samples)["steps"] == 3
