@@ -8,7 +8,9 @@ Everything here runs on the engine's worker thread and never touches an event lo
    one allowed value each, log-prob 0, no decode step of their own.
 2. Prefill, at the start of every step (:mod:`mage_rl.policy.prefill`): each queued
    prompt first takes the longest stored prefix it shares with an earlier sequence
-   (:mod:`mage_rl.policy.prefix_cache`); then, within ``prefill_tokens`` tokens, the
+   (:mod:`mage_rl.policy.prefix_cache`); requests that arrived together and share more
+   than that get their common prefixes prefilled once first (:func:`shared_prefixes`),
+   where that costs fewer padded tokens; then, within ``prefill_tokens`` tokens, the
    requests that fit are prefilled together in one forward pass (left-padded,
    ``position_ids`` counting real tokens only, so each row sees exactly what it would
    see alone), and a longer prompt gets one chunk of its own. The prefilled group's
@@ -198,11 +200,15 @@ class RunningBatch:
         """
         start = time.perf_counter()
         budget = self.prefill_tokens
+        arrived = []
         for request in list(self.queued):
             if self._dropped(request):
                 self.queued.remove(request)
             elif not request.looked_up:
                 self._look_up(request)
+                arrived.append(request)
+        if len(arrived) > 1 and self.prefix_cache is not None:
+            self._prefill_shared(arrived)
         long = next((r for r in self.queued if remaining(r) > budget), None)
         room = budget - budget // 2 if long is not None else budget
         group: list[DecodeRequest] = []
@@ -230,6 +236,52 @@ class RunningBatch:
         if reused:
             request.prefix_len, request.prefix = reused, states
             self.stats.reused_tokens += reused
+
+    def _prefill_shared(self, arrived: list[DecodeRequest]) -> None:
+        """Prefill what requests that arrived together share, once, before their own tails.
+
+        :func:`shared_prefixes` groups them; one forward pass prefills each group's common
+        prefix in one row (a request in no group gets a row for all but its last token),
+        and every member takes its row's keys and values as a reused prefix. The pass
+        that admits them then prefills a token or two per request instead of every
+        request's whole prompt. It runs only where the two passes cost fewer padded
+        tokens than one pass over the whole prompts would (for instance not when a
+        single request shares nothing: its full width would pad every row anyway).
+        """
+        assert self.prefix_cache is not None
+        plan = shared_prefixes(arrived, self.prefix_cache.min_tokens)
+        grouped = {id(r) for group, _ in plan for r in group}
+        plan += [([r], len(sequence(r)) - 1) for r in arrived
+                 if id(r) not in grouped and len(sequence(r)) - 1 > r.prefix_len]  # fmt: skip
+        if not plan:
+            return
+        leaders = [max(group, key=lambda r: r.prefix_len) for group, _ in plan]
+        ends = [n for _, n in plan]
+        shared_width = max(n - r.prefix_len for r, n in zip(leaders, ends, strict=True))
+        end_of = {id(r): n for group, n in plan for r in group}
+        tail = max(len(sequence(r)) - end_of.get(id(r), r.prefix_len) for r in arrived)
+        whole = max(remaining(r) for r in arrived)
+        real = sum(n - r.prefix_len for r, n in zip(leaders, ends, strict=True))
+        if (
+            len(plan) * shared_width + len(arrived) * tail >= len(arrived) * whole
+            or real > self.prefill_tokens
+        ):
+            return
+        try:
+            with torch.inference_mode():
+                cache, mask, _ = prefill_group(self.model, leaders, ends, self.pad_id)
+        except Exception:  # sharing is an optimisation: the requests prefill alone
+            logger.warning("prefill of shared prefixes failed", exc_info=True)
+            return
+        self._count_prefill(leaders, ends)
+        for row, (group, n) in enumerate(plan):
+            states = row_states(cache, mask, row)
+            for request in group:
+                if request is not leaders[row]:
+                    self.stats.reused_tokens += n - request.prefix_len
+                request.prefix_len, request.prefix = n, states
+            if len(group) > 1:
+                self.prefix_cache.store(sequence(group[0])[:n], states)
 
     def _prefill_whole(self, group: list[DecodeRequest]) -> None:
         """Prefill the rest of every request in ``group`` in one pass; they join."""
@@ -497,3 +549,51 @@ class RunningBatch:
 def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     """The response text: special tokens (EOS) skipped, as the invariant requires."""
     return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def shared_prefixes(
+    requests: list[DecodeRequest], min_tokens: int
+) -> list[tuple[list[DecodeRequest], int]]:
+    """Groups of requests that share a prefix worth prefilling once, and its length.
+
+    Requests that arrive together (the rollouts of one batch, clients with one system
+    prompt) share prefixes that nothing stored holds yet, since none of them has been
+    prefilled. In token order, each run of requests shares the shortest common prefix of
+    its neighbours; a run is either one group, prefilling that prefix once, or split where
+    its neighbours share least, whichever skips more prefilled tokens (so three prompts
+    alike up to their last words are not tied to a fourth that shares only the system
+    prompt with them). A group is kept when its prefix is at least ``min_tokens`` longer
+    than what its members reuse already. The last token of each sequence is never shared:
+    its logits are the request's own.
+    """
+    order = sorted(requests, key=sequence)
+    ids = [sequence(r) for r in order]
+    # What neighbours i and i + 1 share, short of either one's last token.
+    common = [
+        min(_common_length(a, b), len(a) - 1, len(b) - 1)
+        for a, b in zip(ids[:-1], ids[1:], strict=True)
+    ]
+
+    def best(lo: int, hi: int) -> tuple[int, list[tuple[int, int, int]]]:
+        """The most prefill skipped over ``order[lo:hi]``, and its groups (lo, hi, n)."""
+        if hi - lo < 2:
+            return 0, []
+        cut = min(range(lo, hi - 1), key=common.__getitem__)
+        shared = common[cut]
+        base = max(r.prefix_len for r in order[lo:hi])
+        whole = (hi - lo - 1) * (shared - base) if shared - base >= min_tokens else 0
+        left, right = best(lo, cut + 1), best(cut + 1, hi)
+        if left[0] + right[0] > whole:
+            return left[0] + right[0], left[1] + right[1]
+        return whole, [(lo, hi, shared)] if whole else []
+
+    return [(order[lo:hi], shared) for lo, hi, shared in best(0, len(order))[1]]
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from mage_rl.policy.base import Generation, SamplingParams
+from mage_rl.policy.decoding import shared_prefixes
 from mage_rl.policy.engine import LocalEngine
 from mage_rl.policy.prefix_cache import PrefixCache
+from mage_rl.policy.requests import DecodeRequest
 from mage_rl.policy.tokenization import render_prompt
 
 from .test_engine import assert_logprobs_match, chat
@@ -48,6 +50,48 @@ def test_shared_prefixes_are_reused_with_the_same_samples(tiny) -> None:
     assert_same_samples(reused, fresh)
     for generation, p in zip(reused, params, strict=True):
         assert_logprobs_match(model, generation, p)
+
+
+def test_requests_that_arrive_together_prefill_what_they_share_once(tiny) -> None:
+    model, tokenizer = tiny
+    # Three share a long prompt up to their last words; a fourth shares the system prompt.
+    prompts = [render_prompt(tokenizer, chat(40, tag=t)) for t in ("", "", "")]
+    prompts = [p[:-4] + [p[-4] + k] + p[-3:] for k, p in enumerate(prompts)]
+    prompts.append(render_prompt(tokenizer, chat(3)))
+    params = [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(4)]
+    with LocalEngine(model, tokenizer, batch_wait_ms=200) as sharing:
+        together = asyncio.run(_gather(sharing, prompts, params))
+        stats = sharing.stats
+    with LocalEngine(model, tokenizer, prefix_cache_mb=0, batch_wait_ms=200) as plain:
+        alone = asyncio.run(_gather(plain, prompts, params))
+        assert plain.stats.prompt_tokens == sum(map(len, prompts))
+    # The three long prompts' common part went through one forward pass, not three.
+    common = len(prompts[0]) - 4
+    assert stats.prompt_tokens + stats.reused_tokens == sum(map(len, prompts))
+    assert stats.reused_tokens >= 2 * common
+    assert stats.forward_passes > plain.stats.forward_passes  # the shared pass
+    assert_same_samples(together, alone)
+    for generation, p in zip(together, params, strict=True):
+        assert_logprobs_match(model, generation, p)
+
+
+def test_arrivals_are_grouped_where_sharing_saves_prefill() -> None:
+    def request(ids: list[int], reused: int = 0) -> DecodeRequest:
+        return DecodeRequest(ids, SamplingParams(), torch.Generator(), 8, print, prefix_len=reused)
+
+    system = list(range(100, 130))
+    a = [request(system + [1] * 20 + [k]) for k in range(3)]  # 50 tokens in common
+    b = [request(system + [2] * 20 + [k]) for k in range(2)]  # 50 in common, 30 with a
+    lone = request([7] * 40)
+    groups = shared_prefixes([b[0], lone, a[1], a[0], b[1], a[2]], min_tokens=8)
+    got = sorted((sorted(id(r) for r in g), n) for g, n in groups)
+    assert got == sorted([(sorted(map(id, a)), 50), (sorted(map(id, b)), 50)])
+    # What every member reuses already is not worth a pass of its own.
+    cached = [request(system + [1] * 20 + [k], reused=45) for k in range(3)]
+    assert shared_prefixes(cached, min_tokens=8) == []
+    # Two requests with the same prompt share all of it but the last token.
+    same = [request(system), request(list(system))]
+    assert [n for _, n in shared_prefixes(same, min_tokens=8)] == [len(system) - 1]
 
 
 def test_a_conversation_prefills_only_its_new_turn(tiny) -> None:
