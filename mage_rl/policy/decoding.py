@@ -246,7 +246,8 @@ class RunningBatch:
         that admits them then prefills a token or two per request instead of every
         request's whole prompt. It runs only where the two passes cost fewer padded
         tokens than one pass over the whole prompts would (for instance not when a
-        single request shares nothing: its full width would pad every row anyway).
+        single request shares nothing: its full width would pad every row anyway), and
+        within ``prefill_tokens`` while other requests decode.
         """
         assert self.prefix_cache is not None
         plan = shared_prefixes(arrived, self.prefix_cache.min_tokens)
@@ -262,9 +263,10 @@ class RunningBatch:
         tail = max(len(sequence(r)) - end_of.get(id(r), r.prefix_len) for r in arrived)
         whole = max(remaining(r) for r in arrived)
         real = sum(n - r.prefix_len for r, n in zip(leaders, ends, strict=True))
-        if (
-            len(plan) * shared_width + len(arrived) * tail >= len(arrived) * whole
-            or real > self.prefill_tokens
+        # Over the prefill budget only while nothing decodes: then nobody's next token
+        # waits for this pass, and the tails that follow fit the budget together.
+        if len(plan) * shared_width + len(arrived) * tail >= len(arrived) * whole or (
+            self.rows and real > self.prefill_tokens
         ):
             return
         try:
