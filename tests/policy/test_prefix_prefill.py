@@ -52,14 +52,18 @@ def test_shared_prefixes_are_reused_with_the_same_samples(tiny) -> None:
         assert_logprobs_match(model, generation, p)
 
 
-def test_requests_that_arrive_together_prefill_what_they_share_once(tiny) -> None:
+@pytest.mark.parametrize("prefill_tokens", [4096, 64])
+def test_requests_that_arrive_together_prefill_what_they_share_once(
+    tiny, prefill_tokens: int
+) -> None:
+    """With nothing decoding, the shared pass may exceed the prefill budget."""
     model, tokenizer = tiny
     # Three share a long prompt up to their last words; a fourth shares the system prompt.
     prompts = [render_prompt(tokenizer, chat(40, tag=t)) for t in ("", "", "")]
     prompts = [p[:-4] + [p[-4] + k] + p[-3:] for k, p in enumerate(prompts)]
     prompts.append(render_prompt(tokenizer, chat(3)))
     params = [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(4)]
-    with LocalEngine(model, tokenizer, batch_wait_ms=200) as sharing:
+    with LocalEngine(model, tokenizer, batch_wait_ms=200, prefill_tokens=prefill_tokens) as sharing:
         together = asyncio.run(_gather(sharing, prompts, params))
         stats = sharing.stats
     with LocalEngine(model, tokenizer, prefix_cache_mb=0, batch_wait_ms=200) as plain:
