@@ -40,6 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
@@ -54,7 +55,7 @@ from mage_rl.policy.prefill import (
     row_states,
     sequence,
 )
-from mage_rl.policy.prefix_cache import PrefixCache
+from mage_rl.policy.prefix_cache import PrefixCache, common_prefix
 from mage_rl.policy.requests import DecodeRequest, DecodeStats
 from mage_rl.policy.sampling import draw_rows, sampling_logprobs
 from mage_rl.policy.static_decode import StaticDecoder
@@ -569,11 +570,10 @@ def shared_prefixes(
     its logits are the request's own.
     """
     order = sorted(requests, key=sequence)
-    ids = [sequence(r) for r in order]
+    ids = [np.asarray(sequence(r), dtype=np.int64) for r in order]
     # What neighbours i and i + 1 share, short of either one's last token.
     common = [
-        min(_common_length(a, b), len(a) - 1, len(b) - 1)
-        for a, b in zip(ids[:-1], ids[1:], strict=True)
+        common_prefix(a, b, min(len(a), len(b)) - 1) for a, b in zip(ids[:-1], ids[1:], strict=True)
     ]
 
     def best(lo: int, hi: int) -> tuple[int, list[tuple[int, int, int]]]:
@@ -590,12 +590,3 @@ def shared_prefixes(
         return whole, [(lo, hi, shared)] if whole else []
 
     return [(order[lo:hi], shared) for lo, hi, shared in best(0, len(order))[1]]
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

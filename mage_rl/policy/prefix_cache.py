@@ -127,7 +127,7 @@ class PrefixCache:
             self.stats.lookups += 1
             best, best_key = 0, None
             for key, entry in self._entries.items():
-                n = _common_prefix(entry.array, query, limit)
+                n = common_prefix(entry.array, query, limit)
                 if n > best:
                     best, best_key = n, key
             if best < self.min_tokens or best_key is None:
@@ -154,7 +154,7 @@ class PrefixCache:
         n = len(entry.ids)
         with self._lock:
             for key, other in list(self._entries.items()):
-                common = _common_prefix(other.array, entry.array, n)
+                common = common_prefix(other.array, entry.array, n)
                 if common == n:  # already covered
                     self._entries.move_to_end(key)
                     return False
@@ -180,7 +180,7 @@ class PrefixCache:
         self._bytes -= self._entries.pop(key).nbytes
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
     """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
     n = min(len(a), len(b), limit)
     if n <= 0:
