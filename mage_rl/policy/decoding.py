@@ -252,15 +252,15 @@ class RunningBatch:
         """
         assert self.prefix_cache is not None
         plan = shared_prefixes(arrived, self.prefix_cache.min_tokens)
-        grouped = {id(r) for group, _ in plan for r in group}
+        end_of = {id(r): n for group, n in plan for r in group}
         plan += [([r], len(sequence(r)) - 1) for r in arrived
-                 if id(r) not in grouped and len(sequence(r)) - 1 > r.prefix_len]  # fmt: skip
+                 if id(r) not in end_of and remaining(r) > 1]  # fmt: skip
         if not plan:
             return
+        end_of.update((id(group[0]), n) for group, n in plan if len(group) == 1)
         leaders = [max(group, key=lambda r: r.prefix_len) for group, _ in plan]
         ends = [n for _, n in plan]
         shared_width = max(n - r.prefix_len for r, n in zip(leaders, ends, strict=True))
-        end_of = {id(r): n for group, n in plan for r in group}
         tail = max(len(sequence(r)) - end_of.get(id(r), r.prefix_len) for r in arrived)
         whole = max(remaining(r) for r in arrived)
         real = sum(n - r.prefix_len for r, n in zip(leaders, ends, strict=True))
